@@ -1,0 +1,80 @@
+"""Typed exceptions shared by every fpgaccl layer.
+
+Each error names what was wrong (an argument, a header field, a peer) so a caller can
+react without parsing messages.
+"""
+
+from __future__ import annotations
+
+
+class FpgacclError(Exception):
+    """Base class of every error fpgaccl raises on purpose."""
+
+
+class InvalidArgumentError(FpgacclError, ValueError):
+    """A public API argument is unusable; ``argument`` names it."""
+
+    def __init__(self, argument: str, message: str) -> None:
+        self.argument = argument
+        super().__init__(f"{argument}: {message}")
+
+
+class DtypeMismatchError(InvalidArgumentError, TypeError):
+    """Buffers or ranks disagree on the element type."""
+
+
+class CountMismatchError(InvalidArgumentError):
+    """Buffers or ranks disagree on the element count."""
+
+
+class UnsupportedError(InvalidArgumentError):
+    """A dtype/op/algorithm combination the engine does not implement."""
+
+
+class MalformedHeaderError(FpgacclError, ValueError):
+    """A packet header cannot be decoded; ``header`` and ``field`` locate the fault."""
+
+    def __init__(self, header: str, field: str, message: str) -> None:
+        self.header = header
+        self.field = field
+        super().__init__(f"{header}.{field}: {message}")
+
+
+class IcrcError(MalformedHeaderError):
+    """The RoCEv2 invariant CRC does not match the packet."""
+
+    def __init__(self, expected: int, found: int) -> None:
+        self.expected = expected
+        self.found = found
+        super().__init__("ICRC", "icrc", f"expected {expected:#010x}, found {found:#010x}")
+
+
+class TransportError(FpgacclError):
+    """The reliable transport could not deliver (retries exhausted, QP in error)."""
+
+
+class RemoteAccessError(TransportError):
+    """A peer rejected an RDMA WRITE: wrong memory key, bounds or access rights."""
+
+
+class CollectiveTimeoutError(FpgacclError, TimeoutError):
+    """A collective did not complete within its deadline (a peer died or hung)."""
+
+    def __init__(self, operation: str, rank: int, deadline_s: float, detail: str = "") -> None:
+        self.operation = operation
+        self.rank = rank
+        self.deadline_s = deadline_s
+        msg = f"rank {rank}: {operation} did not complete within {deadline_s:g} s"
+        super().__init__(msg + (f" ({detail})" if detail else ""))
+
+
+class UnmappedAddressError(FpgacclError):
+    """A DMA address falls outside every registered memory window."""
+
+
+class BackendUnavailableError(FpgacclError):
+    """The requested backend cannot run here (missing toolchain, no board)."""
+
+
+class ToolchainError(FpgacclError):
+    """An external tool (Verilator, yosys, nextpnr, tshark) failed."""

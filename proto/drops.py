@@ -1,0 +1,31 @@
+"""Why a received frame is dropped. Each reason has a saturating counter in hardware
+(CSR block ``drops``) and in the software engine, indexed by these numbers."""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class DropReason(IntEnum):
+    TRUNCATED = 0
+    BAD_ETHERTYPE = 1
+    IPV4_VERSION = 2
+    IPV4_OPTIONS = 3
+    IPV4_FRAGMENT = 4
+    IPV4_CHECKSUM = 5
+    IPV4_PROTOCOL = 6
+    IPV4_LENGTH = 7
+    UDP_PORT = 8
+    UDP_LENGTH = 9
+    BTH_VERSION = 10
+    UNKNOWN_OPCODE = 11
+    BAD_ICRC = 12
+    BAD_QPN = 13
+    PSN_DUPLICATE = 14
+    PSN_OUT_OF_ORDER = 15
+    BAD_RKEY = 16
+    OUT_OF_BOUNDS = 17
+    ACCESS_DENIED = 18
+
+
+DROP_COUNTER_BITS = 32
