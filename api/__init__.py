@@ -8,4 +8,4 @@ from . import errors
 
 __version__ = "0.1.0"
 
-__all__ = ["errors", "__version__"]
+__all__ = ["__version__", "errors"]

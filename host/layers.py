@@ -9,16 +9,15 @@ back to ``Raw`` as scapy does.
 
 from __future__ import annotations
 
+from fpgaccl import proto
+from fpgaccl.errors import IcrcError, MalformedHeaderError
+from fpgaccl.proto.headers import Header
+from fpgaccl.proto.opcodes import IMMDT_OPCODES, RETH_OPCODES, ROCEV2_UDP_PORT, Opcode
 from scapy.contrib.roce import AETH, BTH
 from scapy.fields import BitField, XBitField
 from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 from scapy.packet import Packet, Raw, bind_layers
-
-from fpgaccl import proto
-from fpgaccl.errors import IcrcError, MalformedHeaderError
-from fpgaccl.proto.headers import Header
-from fpgaccl.proto.opcodes import IMMDT_OPCODES, RETH_OPCODES, ROCEV2_UDP_PORT, Opcode
 
 
 def fields_desc(header: Header) -> list:

@@ -32,7 +32,8 @@ class Field:
         if self.bits <= 0:
             raise ValueError(f"field {self.name}: width must be positive")
         if not 0 <= self.default < (1 << self.bits):
-            raise ValueError(f"field {self.name}: default {self.default} does not fit {self.bits} bits")
+            raise ValueError(
+                f"field {self.name}: default {self.default} does not fit {self.bits} bits")
 
 
 def equals(expected: int) -> Validator:

@@ -15,8 +15,14 @@ from .checksum import ipv4_checksum
 from .drops import DropReason
 from .headers import AETH, BTH, ETH, ICRC_BYTES, IMMDT, IPV4, RETH, UDP
 from .icrc import check_icrc, icrc, icrc_bytes
-from .opcodes import (AETH_OPCODES, ETHERTYPE_IPV4, IMMDT_OPCODES, RETH_OPCODES,
-                      ROCEV2_UDP_PORT, SUPPORTED_OPCODES)
+from .opcodes import (
+    AETH_OPCODES,
+    ETHERTYPE_IPV4,
+    IMMDT_OPCODES,
+    RETH_OPCODES,
+    ROCEV2_UDP_PORT,
+    SUPPORTED_OPCODES,
+)
 
 L2_L4_BYTES = ETH.size + IPV4.size + UDP.size
 
@@ -56,8 +62,8 @@ def build_frame(*, eth: dict | None = None, ip: dict | None = None, udp: dict | 
     needed = extension_headers(opcode)
     for hdr in (RETH, AETH, IMMDT):
         if (hdr in needed) != (given[hdr.name] is not None):
-            raise MalformedHeaderError(
-                hdr.name, "*", f"opcode {opcode:#x} {'needs' if hdr in needed else 'has no'} {hdr.name}")
+            verb = "needs" if hdr in needed else "has no"
+            raise MalformedHeaderError(hdr.name, "*", f"opcode {opcode:#x} {verb} {hdr.name}")
     pad = -len(payload) % 4
     bth = {**bth, "padcount": pad}
     transport = BTH.pack(bth) + b"".join(h.pack(given[h.name]) for h in needed)

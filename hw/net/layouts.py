@@ -14,7 +14,6 @@ from functools import cache
 
 from amaranth.hdl import Cat, Value
 from amaranth.lib import data
-
 from fpgaccl.proto import Header
 
 
