@@ -9,15 +9,16 @@ back to ``Raw`` as scapy does.
 
 from __future__ import annotations
 
-from fpgaccl import proto
-from fpgaccl.errors import IcrcError, MalformedHeaderError
-from fpgaccl.proto.headers import Header
-from fpgaccl.proto.opcodes import IMMDT_OPCODES, RETH_OPCODES, ROCEV2_UDP_PORT, Opcode
 from scapy.contrib.roce import AETH, BTH
 from scapy.fields import BitField, XBitField
 from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 from scapy.packet import Packet, Raw, bind_layers
+
+from fpgaccl import proto
+from fpgaccl.errors import IcrcError, MalformedHeaderError
+from fpgaccl.proto.headers import Header
+from fpgaccl.proto.opcodes import IMMDT_OPCODES, RETH_OPCODES, ROCEV2_UDP_PORT, Opcode
 
 
 def fields_desc(header: Header) -> list:
@@ -89,7 +90,7 @@ def dissect(frame: bytes, *, check_icrc: bool = True) -> Ether:
     pkt = Ether(frame)
     expected = [proto.ETH, proto.IPV4, proto.UDP, proto.BTH]
     layer: Packet = pkt
-    rest = frame
+    rest = frame[proto.ETH.size:]
     for i, table in enumerate(expected):
         cls = _SCAPY_OF[table.name]
         if not isinstance(layer, cls):
@@ -97,6 +98,9 @@ def dissect(frame: bytes, *, check_icrc: bool = True) -> Ether:
             table.unpack(rest)
             raise MalformedHeaderError(table.name, "*", f"not dissected as {table.name}")
         table.validate(_values(layer, table))
+        if table is proto.IPV4 and layer.len > len(rest):
+            raise MalformedHeaderError("IP", "len", f"claims {layer.len} bytes, "
+                                       f"the frame carries {len(rest)}")
         if table is proto.UDP and layer.dport != ROCEV2_UDP_PORT:
             raise MalformedHeaderError("UDP", "dport", f"{layer.dport} is not RoCEv2 (4791)")
         rest = bytes(layer.payload)

@@ -17,6 +17,7 @@ from typing import Any
 
 from amaranth.back import verilog
 from amaranth.lib import wiring
+
 from fpgaccl.errors import ToolchainError
 
 from .toolchain import activate_verilator, verilator_root

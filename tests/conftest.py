@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from fpgaccl.proto import Header
 from hypothesis import settings
 from hypothesis import strategies as st
+
+from fpgaccl.proto import Header
 
 settings.register_profile("fpgaccl", max_examples=150, deadline=None)
 settings.load_profile("fpgaccl")

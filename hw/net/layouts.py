@@ -14,6 +14,7 @@ from functools import cache
 
 from amaranth.hdl import Cat, Value
 from amaranth.lib import data
+
 from fpgaccl.proto import Header
 
 

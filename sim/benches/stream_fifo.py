@@ -9,6 +9,7 @@ import random
 import cocotb
 from cocotb.clock import Clock
 from cocotb.triggers import ClockCycles
+
 from fpgaccl.sim import bench_params
 from fpgaccl.sim.models.stream import StreamSink, StreamSource
 

@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from amaranth.hdl import Shape
 from amaranth.lib import data
 from cocotb.triggers import RisingEdge
+
 from fpgaccl.hw.stream.beat import beat_layout
 
 

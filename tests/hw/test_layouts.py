@@ -3,11 +3,11 @@
 import pytest
 from amaranth.hdl import Const, Signal
 from amaranth.sim import Simulator
-from fpgaccl import proto
-from fpgaccl.hw.net.layouts import from_wire, header_layout, to_wire
 from hypothesis import given
 from hypothesis import strategies as st
 
+from fpgaccl import proto
+from fpgaccl.hw.net.layouts import from_wire, header_layout, to_wire
 from tests.conftest import header_values
 
 

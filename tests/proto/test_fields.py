@@ -1,11 +1,11 @@
 """The field-table codec: packing, unpacking and the typed errors on bad input."""
 
 import pytest
-from fpgaccl import proto
-from fpgaccl.errors import MalformedHeaderError
 from hypothesis import given
 from hypothesis import strategies as st
 
+from fpgaccl import proto
+from fpgaccl.errors import MalformedHeaderError
 from tests.conftest import header_values
 
 

@@ -1,12 +1,13 @@
 """The reference frame builder/parser: the software twin of the HDL net path."""
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
 from fpgaccl import proto
 from fpgaccl.proto import Dropped, DropReason, Opcode
 from fpgaccl.proto.checksum import ipv4_checksum
 from fpgaccl.proto.opcodes import psn_add, psn_diff, write_opcode
-from hypothesis import given
-from hypothesis import strategies as st
 
 ADDR = {"eth": {"dst": 0x02_00_00_00_00_02, "src": 0x02_00_00_00_00_01},
         "ip": {"src": 0x7F000001, "dst": 0x7F000002}}

@@ -1,6 +1,7 @@
 """Verilator + cocotb run of the beat FIFO, at two data widths."""
 
 import pytest
+
 from fpgaccl.hw.stream.fifo import BeatFIFO
 from fpgaccl.sim.runner import build_and_run
 
