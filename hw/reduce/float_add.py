@@ -1,0 +1,130 @@
+"""One floating-point adder lane: IEEE 754 round-to-nearest-even, subnormals in and out."""
+
+from __future__ import annotations
+
+from amaranth.hdl import Cat, Const, Module, Mux, Signal
+from amaranth.lib import wiring
+from amaranth.lib.wiring import In, Out
+
+from .common import FloatFormat, Unpacked, leading_zeros, shift_right_sticky
+
+
+class FloatAdd(wiring.Component):
+    """``o = a + b`` after :attr:`latency` cycles, one operation per cycle.
+
+    Classic three-extra-bit (guard, round, sticky) datapath: order the operands by
+    magnitude, align the smaller, add or subtract, normalise, round. Four register
+    stages so each carries one of the wide operations (compare, align shift, leading
+    zero count + shift, rounding increment).
+    """
+
+    latency = 4
+
+    def __init__(self, fmt: FloatFormat) -> None:
+        self.fmt = fmt
+        super().__init__({
+            "a": In(fmt.width),
+            "b": In(fmt.width),
+            "o": Out(fmt.width),
+        })
+
+    def elaborate(self, platform) -> Module:
+        m = Module()
+        f = self.fmt
+        p, e_w = f.p, f.e
+        ext = p + 3                               # significand + guard, round, sticky
+
+        # Stage 1: classify, order by magnitude, exponent difference.
+        a, b = Unpacked(f, self.a), Unpacked(f, self.b)
+        swap = b.mag > a.mag
+        big = Mux(swap, self.b, self.a)
+        small = Mux(swap, self.a, self.b)
+        ub, us = Unpacked(f, big), Unpacked(f, small)
+
+        special = Signal()
+        special_val = Signal(f.width)
+        with m.If(a.is_nan):
+            m.d.comb += special_val.eq(a.quieted)
+        with m.Elif(b.is_nan):
+            m.d.comb += special_val.eq(b.quieted)
+        with m.Elif(a.is_inf & b.is_inf & (a.sign != b.sign)):
+            m.d.comb += special_val.eq(f.default_nan)
+        with m.Elif(a.is_inf):
+            m.d.comb += special_val.eq(self.a)
+        with m.Else():
+            m.d.comb += special_val.eq(self.b)
+
+        s1_special = Signal()
+        s1_special_val = Signal(f.width)
+        s1_sig_big = Signal(p)
+        s1_sig_small = Signal(p)
+        s1_diff = Signal(e_w)
+        s1_exp = Signal(e_w)
+        s1_sign = Signal()
+        s1_sub = Signal()
+        m.d.comb += special.eq(a.is_nan | b.is_nan | a.is_inf | b.is_inf)
+        m.d.sync += [
+            s1_special.eq(special),
+            s1_special_val.eq(special_val),
+            s1_sig_big.eq(ub.sig),
+            s1_sig_small.eq(us.sig),
+            s1_diff.eq(ub.exp_eff - us.exp_eff),
+            s1_exp.eq(ub.exp_eff),
+            s1_sign.eq(ub.sign),
+            s1_sub.eq(a.sign ^ b.sign),
+        ]
+
+        # Stage 2: align the smaller operand (sticky keeps what falls off) and add.
+        aligned, sticky = shift_right_sticky(Cat(Const(0, 3), s1_sig_small), s1_diff)
+        small_ext = aligned | sticky
+        big_ext = Cat(Const(0, 3), s1_sig_big)
+        s2_sum = Signal(ext + 1)
+        s2 = {name: Signal(len(sig), name=f"s2_{name}") for name, sig in
+              (("special", s1_special), ("special_val", s1_special_val), ("exp", s1_exp),
+               ("sign", s1_sign), ("sub", s1_sub))}
+        m.d.sync += s2_sum.eq(Mux(s1_sub, big_ext - small_ext, big_ext + small_ext))
+        m.d.sync += [s2["special"].eq(s1_special), s2["special_val"].eq(s1_special_val),
+                     s2["exp"].eq(s1_exp), s2["sign"].eq(s1_sign), s2["sub"].eq(s1_sub)]
+
+        # Stage 3: normalise. A carry shifts right once; otherwise shift left to the
+        # hidden bit, but never below the minimum exponent (that makes a subnormal).
+        carry = s2_sum[ext]
+        low = s2_sum[:ext]
+        lz = leading_zeros(low)
+        max_shift = s2["exp"] - 1
+        shift = Signal(range(ext + 1))
+        m.d.comb += shift.eq(Mux(lz > max_shift, max_shift, lz))
+        s3_norm = Signal(ext)
+        s3_exp = Signal(e_w + 1)
+        s3_zero = Signal()
+        with m.If(carry):
+            m.d.sync += [s3_norm.eq(Cat(s2_sum[0] | s2_sum[1], s2_sum[2:ext + 1])),
+                         s3_exp.eq(s2["exp"] + 1)]
+        with m.Else():
+            m.d.sync += [s3_norm.eq(low << shift), s3_exp.eq(s2["exp"] - shift)]
+        m.d.sync += s3_zero.eq(s2_sum == 0)
+        s3 = {k: Signal(len(v), name=f"s3_{k}") for k, v in s2.items()}
+        m.d.sync += [s3[k].eq(v) for k, v in s2.items()]
+
+        # Stage 4: round to nearest even and pack. Adding the rounded significand
+        # (hidden bit included) onto ``exp - 1`` lets a rounding carry bump the exponent
+        # and a subnormal that rounds up become the smallest normal, with no extra case.
+        mant = s3_norm[3:]
+        guard = s3_norm[2]
+        rest = s3_norm[:2].any()
+        round_up = guard & (rest | mant[0])
+        rounded = mant + round_up
+        mag = Signal(e_w + f.m + 2)
+        m.d.comb += mag.eq(((s3_exp - 1) << f.m) + rounded)
+        overflow = mag[f.m:] >= f.exp_max
+        # x + (-x) is +0 under round-to-nearest; equal signs keep their sign (-0 + -0).
+        zero_sign = s3["sign"] & ~s3["sub"]
+        with m.If(s3["special"]):
+            m.d.sync += self.o.eq(s3["special_val"])
+        with m.Elif(s3_zero):
+            m.d.sync += self.o.eq(Cat(Const(0, f.width - 1), zero_sign))
+        with m.Elif(overflow):
+            m.d.sync += self.o.eq(Cat(Const(0, f.m), Const(f.exp_max, e_w), s3["sign"]))
+        with m.Else():
+            m.d.sync += self.o.eq(Cat(mag[:f.width - 1], s3["sign"]))
+        return m
