@@ -1,0 +1,213 @@
+"""The engine's register map: one table that the CSR bank (``fpgaccl.hw.csr``), the
+host runtime's register accessors and the documentation are all generated from.
+
+Registers are 32 bits wide at byte addresses. A :class:`Block` is a group of registers;
+a block with ``count > 1`` repeats at ``stride`` (one copy per queue pair, per memory
+region, ...). Fields pack LSB-first inside a register, as software reads them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from enum import Enum
+from itertools import pairwise
+
+from .drops import DropReason
+
+REG_BYTES = 4
+ENGINE_ID = 0x4643_434C  # "FCCL"
+REGMAP_VERSION = 1
+
+
+class Access(Enum):
+    RO = "ro"    # hardware drives it; writes are ignored
+    RW = "rw"    # software drives it; hardware reads it
+    WO = "wo"    # a write pulses a strobe with the data (doorbells); reads return 0
+    RC = "rc"    # read-only counter; a write of any value clears it
+
+
+@dataclass(frozen=True)
+class RegField:
+    name: str
+    bits: int
+    doc: str
+    reset: int = 0
+
+
+@dataclass(frozen=True)
+class Register:
+    name: str
+    offset: int
+    access: Access
+    doc: str
+    fields: tuple[RegField, ...] = ()
+    reset: int = 0
+
+    def __post_init__(self) -> None:
+        if self.offset % REG_BYTES:
+            raise ValueError(f"{self.name}: offset {self.offset:#x} is not word aligned")
+        if not self.fields:
+            object.__setattr__(self, "fields", (RegField("value", 32, self.doc, self.reset),))
+        if sum(f.bits for f in self.fields) > 32:
+            raise ValueError(f"{self.name}: fields exceed 32 bits")
+
+    def field_offset(self, name: str) -> int:
+        pos = 0
+        for f in self.fields:
+            if f.name == name:
+                return pos
+            pos += f.bits
+        raise KeyError(name)
+
+    def encode(self, **values: int) -> int:
+        word = 0
+        for f in self.fields:
+            v = values.pop(f.name, f.reset)
+            if not 0 <= v < (1 << f.bits):
+                raise ValueError(f"{self.name}.{f.name}: {v} does not fit {f.bits} bits")
+            word |= v << self.field_offset(f.name)
+        if values:
+            raise KeyError(f"{self.name} has no field(s) {sorted(values)}")
+        return word
+
+    def decode(self, word: int) -> dict[str, int]:
+        return {f.name: (word >> self.field_offset(f.name)) & ((1 << f.bits) - 1)
+                for f in self.fields}
+
+
+@dataclass(frozen=True)
+class Block:
+    name: str
+    base: int
+    registers: tuple[Register, ...]
+    doc: str
+    count: int = 1
+    stride: int = 0
+    memory: bool = False
+    """Backed by a RAM that the consumer reads (program memory), not by flip-flops."""
+
+    def __post_init__(self) -> None:
+        if self.memory and any(r.access is not Access.RW for r in self.registers):
+            raise ValueError(f"block {self.name}: a memory block holds RW words only")
+        span = max(r.offset for r in self.registers) + REG_BYTES
+        if self.count > 1 and self.stride < span:
+            raise ValueError(f"block {self.name}: stride {self.stride:#x} < span {span:#x}")
+        names = [r.name for r in self.registers]
+        if len(set(names)) != len(names):
+            raise ValueError(f"block {self.name}: duplicate register names")
+
+    @property
+    def size(self) -> int:
+        return self.stride * self.count if self.count > 1 else (
+            max(r.offset for r in self.registers) + REG_BYTES)
+
+    def __getitem__(self, name: str) -> Register:
+        for r in self.registers:
+            if r.name == name:
+                return r
+        raise KeyError(f"block {self.name} has no register {name}")
+
+    def address(self, register: str, index: int = 0) -> int:
+        if not 0 <= index < self.count:
+            raise IndexError(f"{self.name}[{index}] out of range (count {self.count})")
+        return self.base + index * self.stride + self[register].offset
+
+
+@dataclass(frozen=True)
+class RegisterMap:
+    blocks: tuple[Block, ...]
+
+    def __post_init__(self) -> None:
+        spans = sorted((b.base, b.base + b.size, b.name) for b in self.blocks)
+        for (_, end, a), (start, _, b) in pairwise(spans):
+            if start < end:
+                raise ValueError(f"register blocks {a} and {b} overlap")
+
+    def __getitem__(self, name: str) -> Block:
+        for b in self.blocks:
+            if b.name == name:
+                return b
+        raise KeyError(f"no register block {name}")
+
+    def __iter__(self) -> Iterator[Block]:
+        return iter(self.blocks)
+
+    def address(self, path: str, index: int = 0) -> int:
+        """Byte address of ``"block.register"``, copy ``index`` of a repeated block."""
+        block, reg = path.split(".")
+        return self[block].address(reg, index)
+
+    def flat(self) -> Iterator[tuple[int, Block, int, Register]]:
+        """Every (address, block, copy index, register), in address order."""
+        rows = [(b.address(r.name, i), b, i, r)
+                for b in self.blocks for i in range(b.count) for r in b.registers]
+        return iter(sorted(rows, key=lambda row: row[0]))
+
+
+def default_map(*, qps: int = 8, regions: int = 8, imem_words: int = 256) -> RegisterMap:
+    """The register map of a node with ``qps`` queue pairs and ``regions`` memory
+    regions; the parameters match the build's."""
+    RO, RW, WO, RC = Access.RO, Access.RW, Access.WO, Access.RC
+    return RegisterMap((
+        Block("ctrl", 0x0000, (
+            Register("id", 0x00, RO, "constant 'FCCL': proves the bus reaches the engine",
+                     reset=ENGINE_ID),
+            Register("version", 0x04, RO, "register-map version", reset=REGMAP_VERSION),
+            Register("control", 0x08, RW, "engine control", (
+                RegField("enable", 1, "accept traffic and run programs"),
+                RegField("mtu_log2", 4, "path MTU = 2**mtu_log2 bytes (8..12)", reset=12),
+            )),
+            Register("status", 0x0C, RO, "engine status", (
+                RegField("busy", 1, "a program is running"),
+                RegField("error", 1, "the last program ended in error"),
+            )),
+            Register("doorbell", 0x10, WO, "start program at this entry point; the host or a "
+                     "GPU kernel (through the peer window) writes it", (
+                         RegField("entry", 16, "instruction index"),
+                         RegField("coll_id", 16, "collective number put in ImmDt"),
+                     )),
+            Register("reduce", 0x14, RW, "element type and operation of the reduction unit", (
+                RegField("dtype", 8, "fpgaccl.proto.reduce.DType value"),
+                RegField("op", 8, "fpgaccl.proto.reduce.ReduceOp value"),
+            )),
+            Register("scratch", 0x18, RW, "free for software: bus read-back tests"),
+            Register("completions", 0x1C, RC, "programs completed since last cleared"),
+        ), "identification, control and the doorbell"),
+        Block("drops", 0x0100, tuple(
+            Register(reason.name.lower(), 4 * reason.value, RC,
+                     f"frames dropped: {reason.name.lower().replace('_', ' ')} (saturating)")
+            for reason in DropReason), "per-reason drop counters"),
+        Block("qp", 0x1000, (
+            Register("local_qpn", 0x00, RW, "this QP's number (24 bits)"),
+            Register("remote_qpn", 0x04, RW, "peer QP number (24 bits)"),
+            Register("next_psn", 0x08, RW, "requester: PSN of the next new packet"),
+            Register("expected_psn", 0x0C, RW, "responder: PSN expected next"),
+            Register("state", 0x10, RW, "QP state", (
+                RegField("state", 3, "0 reset, 1 init, 2 RTR, 3 RTS, 4 error"),
+            )),
+            Register("retries", 0x14, RO, "retransmissions since QP reset"),
+            Register("peer_ip", 0x18, RW, "peer IPv4 address"),
+            Register("peer_mac_lo", 0x1C, RW, "peer MAC bits 31:0"),
+            Register("peer_mac_hi", 0x20, RW, "peer MAC bits 47:32", (
+                RegField("mac_hi", 16, "peer MAC bits 47:32"),
+            )),
+        ), "queue-pair contexts, one copy per QP", count=qps, stride=0x40),
+        Block("mr", 0x2000, (
+            Register("base_lo", 0x00, RW, "region start address bits 31:0"),
+            Register("base_hi", 0x04, RW, "region start address bits 63:32"),
+            Register("length", 0x08, RW, "region length in bytes"),
+            Register("key", 0x0C, RW, "rkey a peer must present"),
+            Register("access", 0x10, RW, "what peers may do", (
+                RegField("remote_write", 1, "RDMA WRITE allowed"),
+                RegField("remote_read", 1, "RDMA READ allowed"),
+                RegField("space", 1, "0 host memory, 1 GPU-peer window"),
+            )),
+        ), "memory regions, one copy per region", count=regions, stride=0x20),
+        Block("imem", 0x8000, tuple(
+            Register(f"word{i}", 4 * i, RW, "sequencer instruction memory word")
+            for i in range(imem_words)), "sequencer program memory", memory=True),
+    ))
+
+
+REGMAP = default_map()
