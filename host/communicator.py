@@ -1,0 +1,553 @@
+"""The API users program against: a communicator of ``world_size`` ranks.
+
+Every call validates its arguments on the calling rank (typed errors naming the
+argument), picks a schedule from :mod:`fpgaccl.host.algorithms`, and submits it to the
+rank's engine. Synchronous calls wait; ``*_async`` variants return a :class:`Handle`.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import ipaddress
+import os
+import socket
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fpgaccl.errors import (
+    BackendUnavailableError,
+    CollectiveTimeoutError,
+    CountMismatchError,
+    DtypeMismatchError,
+    InvalidArgumentError,
+    UnsupportedError,
+)
+from fpgaccl.proto.drops import DropReason
+
+from . import algorithms as alg
+from . import wire
+from .buffers import UserBuffer, as_buffer, resolve_op
+from .engine import Engine, Job
+from .link import ImpairedLink
+from .pcap import PcapWriter
+from .rendezvous import exchange
+
+ALGOS = {
+    "allreduce": ("ring", "rhd", "tree"),
+    "reduce": ("tree",),
+    "broadcast": ("tree", "chain"),
+    "reduce_scatter": ("ring",),
+    "allgather": ("ring",),
+    "alltoall": ("direct",),
+    "alltoallv": ("direct",),
+}
+TREE_MAX_BYTES = 16 * 1024
+RHD_MAX_BYTES = 1 << 20
+CHAIN_MIN_BYTES = 1 << 20
+
+
+class Handle:
+    """An in-flight collective: ``wait()`` returns its result, ``test()`` polls it."""
+
+    def __init__(self, job: Job, result: Any, keep: Sequence[UserBuffer], rank: int) -> None:
+        self._job = job
+        self._result = result
+        self._keep = keep  # buffers must outlive the transfer
+        self._rank = rank
+        self._finished = False
+
+    def test(self) -> bool:
+        done = self._job.event.is_set()
+        if done:
+            self._complete()
+        return done
+
+    def wait(self, timeout: float | None = None) -> Any:
+        # The engine enforces the deadline itself; the margin covers a dead engine thread.
+        limit = self._job.deadline_s + 10 if timeout is None else timeout
+        if not self._job.event.wait(limit):
+            raise CollectiveTimeoutError(self._job.name, self._rank, limit, "engine unresponsive")
+        self._complete()
+        return self._result
+
+    def _complete(self) -> None:
+        if self._job.error is not None:
+            raise self._job.error
+        if not self._finished:
+            self._finished = True
+            for ub in self._keep:
+                if ub.finish is not None:
+                    ub.finish()
+
+
+def _local_ip_towards(addr: str) -> str:
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        s.connect((addr, 9))
+        return s.getsockname()[0]
+    finally:
+        s.close()
+
+
+def loopback_ip(master_port: int, rank: int) -> str:
+    """A per-run loopback subnet (all of 127/8 is local), so runs never share port 4791."""
+    if rank >= 254:
+        raise InvalidArgumentError("world_size", "local runs support at most 254 ranks")
+    return f"127.{(master_port >> 8) & 0xFF}.{master_port & 0xFF}.{rank + 1}"
+
+
+class Communicator:
+    """``world_size`` ranks joined by one RC queue pair per peer."""
+
+    def __init__(self, rank: int, world_size: int, backend: str = "software", *,
+                 master_addr: str | None = None, master_port: int | None = None,
+                 bind_ip: str | None = None, mtu: int = 4096, deadline_s: float = 60.0,
+                 rto_s: float = 0.05, impair: str | ImpairedLink | None = None,
+                 pcap: str | Path | None = None, slot_bytes: int = 256 * 1024, slots: int = 8,
+                 initial_psn: int | None = None, rendezvous_timeout_s: float = 60.0) -> None:
+        if backend != "software":
+            raise BackendUnavailableError(
+                f"backend {backend!r} is not available from the host runtime yet; "
+                "use backend='software'")
+        if not isinstance(world_size, int) or world_size < 1:
+            raise InvalidArgumentError("world_size", f"{world_size!r} must be a positive int")
+        if not isinstance(rank, int) or not 0 <= rank < world_size:
+            raise InvalidArgumentError("rank", f"{rank!r} is outside 0..{world_size - 1}")
+        if deadline_s <= 0:
+            raise InvalidArgumentError("deadline_s", "must be positive")
+        self.rank = rank
+        self.world_size = world_size
+        self.backend = backend
+        self.deadline_s = deadline_s
+        master_addr = master_addr or os.environ.get("MASTER_ADDR", "127.0.0.1")
+        master_port = int(master_port or os.environ.get("MASTER_PORT", 29500))
+        if bind_ip is None:
+            bind_ip = os.environ.get("FPGACCL_BIND_IP")
+        if bind_ip is None:
+            if ipaddress.ip_address(socket.gethostbyname(master_addr)).is_loopback:
+                bind_ip = loopback_ip(master_port, rank)
+            else:
+                bind_ip = _local_ip_towards(master_addr)
+        if isinstance(impair, str):
+            impair = ImpairedLink.parse(impair, seed=rank)
+        self.link = impair
+        self._pcap = PcapWriter(pcap) if pcap else None
+        self.engine = Engine(rank, bind_ip, mtu=mtu, slot_bytes=slot_bytes, slots=slots,
+                             rto_s=rto_s, link=impair,
+                             tap=self._pcap.tap if self._pcap else None)
+        rng = np.random.default_rng()
+        psn0 = {}
+        qps = {}
+        for peer in range(world_size):
+            if peer == rank:
+                continue
+            qp = self.engine.create_qp(peer)
+            psn0[peer] = (int(rng.integers(0, wire.PSN_MOD)) if initial_psn is None
+                          else initial_psn & wire.PSN_MASK)
+            qps[str(peer)] = {"qpn": qp.qpn, "psn": psn0[peer], "va": qp.ring.va,
+                              "rkey": qp.ring.rkey}
+        info = {"ip": self.engine.addr[0], "port": self.engine.addr[1], "qps": qps}
+        table = exchange(rank, world_size, (socket.gethostbyname(master_addr), master_port),
+                         info, rendezvous_timeout_s)
+        for peer, qp in self.engine.by_peer.items():
+            theirs = table[peer]["qps"][str(rank)]
+            qp.connect(remote_qpn=theirs["qpn"], addr=(table[peer]["ip"], table[peer]["port"]),
+                       local_ip=self.engine.addr[0], send_psn=psn0[peer],
+                       recv_psn=theirs["psn"], remote_va=theirs["va"],
+                       remote_rkey=theirs["rkey"])
+        self.peers = [(t["ip"], t["port"]) for t in table]
+        self._coll = 0
+        self._p2p = [0] * world_size
+        self._lock = threading.Lock()
+        self._closed = False
+        self.engine.start()
+
+    # ------------------------------------------------------------------ plumbing
+    def _submit(self, name: str, program: alg.Program, result: Any, keep: list[UserBuffer],
+                async_op: bool) -> Any:
+        job = self.engine.submit(name, program, self.deadline_s)
+        handle = Handle(job, result, keep, self.rank)
+        return handle if async_op else handle.wait()
+
+    def _ctx(self) -> alg.Ctx:
+        with self._lock:
+            self._coll = (self._coll + 1) & 0xFFFF
+            return alg.Ctx(self.engine, self.rank, self.world_size, self._coll)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise InvalidArgumentError("comm", "communicator is closed")
+
+    def _pair(self, sendbuf: Any, recvbuf: Any) -> tuple[UserBuffer, UserBuffer, bool]:
+        """(send, recv, in_place); recvbuf None or the same memory means in place."""
+        self._check_open()
+        s = as_buffer(sendbuf, "sendbuf", writable=recvbuf is None)
+        if recvbuf is None or recvbuf is sendbuf:
+            return s, s, True
+        r = as_buffer(recvbuf, "recvbuf", writable=True)
+        if r.array.dtype != s.array.dtype:
+            raise DtypeMismatchError("recvbuf", f"{r.array.dtype} differs from sendbuf's "
+                                     f"{s.array.dtype}")
+        return s, r, np.shares_memory(s.array, r.array) and s.array.ctypes.data == \
+            r.array.ctypes.data
+
+    def _root(self, root: int) -> int:
+        if not isinstance(root, int | np.integer) or not 0 <= root < self.world_size:
+            raise InvalidArgumentError("root", f"{root!r} is outside 0..{self.world_size - 1}")
+        return int(root)
+
+    def _algo(self, coll: str, algo: str | None, default: str) -> str:
+        if algo is None:
+            return default
+        if algo not in ALGOS[coll]:
+            raise UnsupportedError("algo", f"{coll} has no algorithm {algo!r}; "
+                                   f"choose from {ALGOS[coll]}")
+        return algo
+
+    @staticmethod
+    def _out(ub: UserBuffer, original: Any) -> Any:
+        return original if not isinstance(original, np.ndarray) else ub.array.reshape(
+            original.shape)
+
+    # ------------------------------------------------------------------ collectives
+    def allreduce(self, sendbuf: Any, recvbuf: Any = None, op: str = "sum", *,
+                  algo: str | None = None, async_op: bool = False) -> Any:
+        """Reduce across ranks; every rank receives identical bytes."""
+        s, r, inplace = self._pair(sendbuf, recvbuf)
+        if r.array.size != s.array.size:
+            raise CountMismatchError("recvbuf", f"{r.array.size} elements, sendbuf has "
+                                     f"{s.array.size}")
+        ufunc = resolve_op(op, s.array.dtype)
+        nbytes = s.array.nbytes
+        default = ("tree" if nbytes <= TREE_MAX_BYTES else
+                   "rhd" if nbytes <= RHD_MAX_BYTES else "ring")
+        algo = self._algo("allreduce", algo, default)
+        ctx = self._ctx()
+        work = r.array
+        sa = s.array
+
+        def program() -> alg.Program:
+            if not inplace:
+                work[:] = sa
+            yield from {"ring": alg.allreduce_ring, "rhd": alg.allreduce_rhd,
+                        "tree": alg.allreduce_tree}[algo](ctx, work, ufunc)
+
+        return self._submit("allreduce", program(), self._out(r, sendbuf if inplace else recvbuf),
+                            [s, r], async_op)
+
+    def reduce(self, sendbuf: Any, recvbuf: Any = None, op: str = "sum", root: int = 0, *,
+               algo: str | None = None, async_op: bool = False) -> Any:
+        """Reduce to ``root``; ``recvbuf`` matters on the root only."""
+        root = self._root(root)
+        self._check_open()
+        is_root = self.rank == root
+        r: UserBuffer | None = None
+        inplace = False
+        if is_root:
+            s, r, inplace = self._pair(sendbuf, recvbuf)
+        else:
+            s = as_buffer(sendbuf, "sendbuf")
+        if r is not None and r.array.size != s.array.size:
+            raise CountMismatchError("recvbuf", f"{r.array.size} elements, sendbuf has "
+                                     f"{s.array.size}")
+        ufunc = resolve_op(op, s.array.dtype)
+        self._algo("reduce", algo, "tree")
+        ctx = self._ctx()
+        sa = s.array
+
+        def program() -> alg.Program:
+            if is_root:
+                work = r.array
+                if not inplace:
+                    work[:] = sa
+            else:
+                work = sa.copy()  # the tree reduces into it; the user's buffer stays intact
+            yield from alg.reduce_tree(ctx, work, ufunc, root, 0)
+
+        result = self._out(r, sendbuf if inplace else recvbuf) if is_root else None
+        return self._submit("reduce", program(), result, [s] + ([r] if r else []), async_op)
+
+    def broadcast(self, buf: Any, root: int = 0, *, algo: str | None = None,
+                  async_op: bool = False) -> Any:
+        root = self._root(root)
+        self._check_open()
+        b = as_buffer(buf, "buf", writable=self.rank != root)
+        default = "chain" if b.array.nbytes >= CHAIN_MIN_BYTES and self.world_size > 2 else "tree"
+        algo = self._algo("broadcast", algo, default)
+        ctx = self._ctx()
+        work = b.array
+
+        def program() -> alg.Program:
+            if algo == "chain":
+                yield from alg.bcast_chain(ctx, work, root, self.engine.slot_bytes * 4)
+            else:
+                yield from alg.bcast_tree(ctx, work, root, 0)
+
+        return self._submit("broadcast", program(), self._out(b, buf), [b], async_op)
+
+    def reduce_scatter(self, sendbuf: Any, recvbuf: Any = None, op: str = "sum", *,
+                       algo: str | None = None, async_op: bool = False) -> Any:
+        """``sendbuf`` holds world_size*n elements; rank r gets chunk r reduced.
+
+        In place (``recvbuf`` None) the result lands in chunk r of ``sendbuf``.
+        """
+        self._check_open()
+        p = self.world_size
+        s = as_buffer(sendbuf, "sendbuf", writable=recvbuf is None)
+        if s.array.size % p:
+            raise CountMismatchError("sendbuf", f"{s.array.size} elements is not a multiple "
+                                     f"of world_size {p}")
+        n = s.array.size // p
+        if recvbuf is None:
+            r = s
+            out = s.array[self.rank * n:(self.rank + 1) * n]
+        else:
+            r = as_buffer(recvbuf, "recvbuf", writable=True)
+            if r.array.dtype != s.array.dtype:
+                raise DtypeMismatchError("recvbuf", f"{r.array.dtype} differs from sendbuf's "
+                                         f"{s.array.dtype}")
+            if r.array.size != n:
+                raise CountMismatchError("recvbuf", f"{r.array.size} elements, expected "
+                                         f"sendbuf size / world_size = {n}")
+            out = r.array
+        ufunc = resolve_op(op, s.array.dtype)
+        self._algo("reduce_scatter", algo, "ring")
+        ctx = self._ctx()
+        sa = s.array
+
+        def program() -> alg.Program:
+            work = sa.copy()
+            yield from alg.reduce_scatter_ring(ctx, work, ufunc, out)
+
+        result = self._out(r, recvbuf) if recvbuf is not None else out
+        return self._submit("reduce_scatter", program(), result, [s, r], async_op)
+
+    def allgather(self, sendbuf: Any, recvbuf: Any = None, *, algo: str | None = None,
+                  async_op: bool = False) -> Any:
+        """Concatenate every rank's ``sendbuf``. In place: ``sendbuf`` is the full
+        world_size*n buffer with this rank's part already at chunk r."""
+        self._check_open()
+        p = self.world_size
+        if recvbuf is None:
+            r = as_buffer(sendbuf, "sendbuf", writable=True)
+            if r.array.size % p:
+                raise CountMismatchError("sendbuf", f"in-place allgather needs a multiple of "
+                                         f"world_size {p} elements, got {r.array.size}")
+            n = r.array.size // p
+            s = r
+            mine = None
+        else:
+            s = as_buffer(sendbuf, "sendbuf")
+            r = as_buffer(recvbuf, "recvbuf", writable=True)
+            if r.array.dtype != s.array.dtype:
+                raise DtypeMismatchError("recvbuf", f"{r.array.dtype} differs from sendbuf's "
+                                         f"{s.array.dtype}")
+            n = s.array.size
+            if r.array.size != n * p:
+                raise CountMismatchError("recvbuf", f"{r.array.size} elements, expected "
+                                         f"{n} x {p}")
+            mine = s.array
+        self._algo("allgather", algo, "ring")
+        ctx = self._ctx()
+        out = r.array
+
+        def program() -> alg.Program:
+            if mine is not None:
+                out[self.rank * n:(self.rank + 1) * n] = mine
+            yield from alg.allgather_ring(ctx, out, n)
+
+        return self._submit("allgather", program(),
+                            self._out(r, recvbuf if recvbuf is not None else sendbuf),
+                            [s, r], async_op)
+
+    def alltoall(self, sendbuf: Any, recvbuf: Any = None, *, algo: str | None = None,
+                 async_op: bool = False) -> Any:
+        """Block j of ``sendbuf`` goes to rank j; block i of the result came from rank i."""
+        self._check_open()
+        p = self.world_size
+        s = as_buffer(sendbuf, "sendbuf", writable=recvbuf is None)
+        if s.array.size % p:
+            raise CountMismatchError("sendbuf", f"{s.array.size} elements is not a multiple "
+                                     f"of world_size {p}")
+        n = s.array.size // p
+        counts = [n] * p
+        displ = [i * n for i in range(p)]
+        return self._alltoallv("alltoall", s, recvbuf, counts, displ, counts, displ, algo,
+                               async_op, sendbuf)
+
+    def alltoallv(self, sendbuf: Any, sendcounts: Sequence[int], recvbuf: Any,
+                  recvcounts: Sequence[int], sdispls: Sequence[int] | None = None,
+                  rdispls: Sequence[int] | None = None, *, algo: str | None = None,
+                  async_op: bool = False) -> Any:
+        """Per-peer counts (elements), e.g. MoE token dispatch and combine."""
+        self._check_open()
+        s = as_buffer(sendbuf, "sendbuf")
+        sc = self._counts(sendcounts, "sendcounts")
+        rc = self._counts(recvcounts, "recvcounts")
+        sd = self._displs(sdispls, sc, "sdispls")
+        rd = self._displs(rdispls, rc, "rdispls")
+        if max(d + c for d, c in zip(sd, sc, strict=True)) > s.array.size:
+            raise CountMismatchError("sendcounts", f"exceed sendbuf's {s.array.size} elements")
+        if recvbuf is None:
+            raise InvalidArgumentError("recvbuf", "alltoallv needs a separate receive buffer")
+        return self._alltoallv("alltoallv", s, recvbuf, sc, sd, rc, rd, algo, async_op, recvbuf)
+
+    def _counts(self, counts: Sequence[int], name: str) -> list[int]:
+        try:
+            out = [int(c) for c in counts]
+        except (TypeError, ValueError):
+            raise InvalidArgumentError(name, "must be a sequence of ints") from None
+        if len(out) != self.world_size:
+            raise CountMismatchError(name, f"{len(out)} entries, world_size is {self.world_size}")
+        if any(c < 0 for c in out):
+            raise InvalidArgumentError(name, "counts must be >= 0")
+        return out
+
+    def _displs(self, displs: Sequence[int] | None, counts: list[int], name: str) -> list[int]:
+        if displs is None:
+            return [int(x) for x in np.concatenate([[0], np.cumsum(counts)[:-1]])]
+        out = self._counts(displs, name)
+        return out
+
+    def _alltoallv(self, name: str, s: UserBuffer, recvbuf: Any, sc: list[int], sd: list[int],
+                   rc: list[int], rd: list[int], algo: str | None, async_op: bool,
+                   result_of: Any) -> Any:
+        if recvbuf is None:
+            r, inplace = s, True
+        else:
+            r = as_buffer(recvbuf, "recvbuf", writable=True)
+            inplace = np.shares_memory(r.array, s.array)
+            if r.array.dtype != s.array.dtype:
+                raise DtypeMismatchError("recvbuf", f"{r.array.dtype} differs from sendbuf's "
+                                         f"{s.array.dtype}")
+        if max(d + c for d, c in zip(rd, rc, strict=True)) > r.array.size:
+            raise CountMismatchError("recvbuf" if name == "alltoall" else "recvcounts",
+                                     f"{r.array.size} elements cannot hold the blocks")
+        self._algo(name, algo, "direct")
+        ctx = self._ctx()
+        sa, ra = s.array, r.array
+
+        def program() -> alg.Program:
+            src = sa.copy() if inplace else sa  # in place, blocks would be overwritten unsent
+            yield from alg.alltoallv_direct(ctx, src, sd, sc, ra, rd, rc)
+
+        return self._submit(name, program(), self._out(r, result_of), [s, r], async_op)
+
+    def barrier(self, *, async_op: bool = False) -> Any:
+        self._check_open()
+        ctx = self._ctx()
+        return self._submit("barrier", alg.barrier_dissemination(ctx), None, [], async_op)
+
+    # ------------------------------------------------------------------ point to point
+    def _peer(self, peer: int, name: str) -> int:
+        if not isinstance(peer, int | np.integer) or not 0 <= peer < self.world_size \
+                or peer == self.rank:
+            raise InvalidArgumentError(name, f"{peer!r} is not another rank of "
+                                       f"0..{self.world_size - 1}")
+        return int(peer)
+
+    def send(self, buf: Any, dst: int, *, async_op: bool = False) -> Any:
+        self._check_open()
+        dst = self._peer(dst, "dst")
+        b = as_buffer(buf, "buf")
+        seq = self._p2p_next(dst)
+        arr = b.array
+
+        def program() -> alg.Program:
+            yield self.engine.send(dst, seq, wire.STEP_P2P, memoryview(arr.view(np.uint8)))
+
+        return self._submit("send", program(), None, [b], async_op)
+
+    def recv(self, buf: Any, src: int, *, async_op: bool = False) -> Any:
+        self._check_open()
+        src = self._peer(src, "src")
+        b = as_buffer(buf, "buf", writable=True)
+        seq = self._p2p_next(src)
+        arr = b.array
+
+        def program() -> alg.Program:
+            yield self.engine.recv(src, seq, wire.STEP_P2P, arr, None, "buf")
+
+        return self._submit("recv", program(), self._out(b, buf), [b], async_op)
+
+    def _p2p_next(self, peer: int) -> int:
+        with self._lock:
+            self._p2p[peer] = (self._p2p[peer] + 1) & 0xFFFF
+            return self._p2p[peer]
+
+    # ------------------------------------------------------------------ introspection
+    def drop_counters(self) -> dict[str, int]:
+        """Per-reason drop counters (the CSR ``drops`` block of the hardware)."""
+        return {r.name: self.engine.drops[r] for r in DropReason}
+
+    def stats(self) -> dict[str, int]:
+        out = dict(self.engine.stats)
+        if self.link is not None:
+            out.update({f"link_{k}": v for k, v in self.link.stats.items()})
+        return out
+
+    def close(self, *, linger_s: float | None = None) -> None:
+        """Leave the world: a last barrier, then keep answering retransmissions briefly."""
+        if self._closed:
+            return
+        if self.engine.failed is None and self.world_size > 1:
+            with contextlib.suppress(Exception):
+                self.barrier()
+        self._closed = True
+        linger = max(0.05, 4 * self.engine.rto_s) if linger_s is None else linger_s
+        if self.world_size > 1:
+            self.engine.idle_for(linger)
+        self.engine.stop()
+        if self._pcap is not None:
+            self._pcap.close()
+
+    def __enter__(self) -> Communicator:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+_WORLD: Communicator | None = None
+
+
+def _env_int(*names: str) -> int | None:
+    for n in names:
+        v = os.environ.get(n)
+        if v not in (None, ""):
+            return int(v)
+    return None
+
+
+def init(backend: str = "software", **kwargs: Any) -> Communicator:
+    """This process's communicator, from the environment of whichever launcher started it.
+
+    ``fpgaccl run`` sets FPGACCL_RANK/FPGACCL_WORLD_SIZE; torchrun sets RANK/WORLD_SIZE/
+    MASTER_ADDR/MASTER_PORT; Slurm SLURM_PROCID/SLURM_NTASKS; OpenMPI
+    OMPI_COMM_WORLD_RANK/OMPI_COMM_WORLD_SIZE. Without any of them: a world of one.
+    """
+    global _WORLD
+    if _WORLD is not None and not _WORLD._closed:
+        return _WORLD
+    rank = _env_int("FPGACCL_RANK", "RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
+    world = _env_int("FPGACCL_WORLD_SIZE", "WORLD_SIZE", "SLURM_NTASKS",
+                     "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
+    if rank is None or world is None:
+        rank, world = 0, 1
+    env = os.environ
+    if "FPGACCL_PCAP_DIR" in env and "pcap" not in kwargs:
+        kwargs["pcap"] = Path(env["FPGACCL_PCAP_DIR"]) / f"rank{rank}.pcap"
+    if "FPGACCL_IMPAIR" in env and "impair" not in kwargs:
+        kwargs["impair"] = ImpairedLink.parse(env["FPGACCL_IMPAIR"], seed=rank)
+    for key, conv in (("deadline_s", float), ("mtu", int), ("rto_s", float)):
+        name = f"FPGACCL_{key.upper()}"
+        if name in env and key not in kwargs:
+            kwargs[key] = conv(env[name])
+    _WORLD = Communicator(rank, world, backend, **kwargs)
+    atexit.register(_WORLD.close)
+    return _WORLD

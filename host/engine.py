@@ -1,0 +1,415 @@
+"""The software offload engine: one UDP socket on port 4791, queue pairs, a sequencer.
+
+A single engine thread owns all transport state (as the hardware's pipelines do), so
+nothing in the data path takes a lock. The host thread hands it *programs* (collective
+schedules written as generators, see :mod:`fpgaccl.host.algorithms`) through a queue
+and a wake-up socket, then waits on the program's :class:`Job`. Programs run one after
+another in submission order, which every rank shares, like a hardware command queue.
+"""
+
+from __future__ import annotations
+
+import errno
+import select
+import socket
+import threading
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Generator
+from typing import Any
+
+import numpy as np
+
+from fpgaccl.errors import CollectiveTimeoutError, FpgacclError, TransportError
+from fpgaccl.proto.drops import DropReason
+from fpgaccl.proto.opcodes import ROCEV2_UDP_PORT, SUPPORTED_OPCODES, Opcode
+
+from . import wire
+from .qp import _WRITES, Completion, MemoryRegion, Message, QueuePair
+
+Program = Generator[Any, None, None]
+"""A collective schedule: yields Completions (or iterables of them) to wait on."""
+
+VALID_MTUS = (256, 512, 1024, 2048, 4096, 9000)
+JUMBO_PAYLOAD = 8192
+"""Payload per packet for the 9000-byte jumbo MTU: the largest power of two whose
+datagram (IPv4 + UDP + BTH + RETH + ImmDt + ICRC) fits in 9000 bytes."""
+
+
+class Job:
+    """One submitted program; the host waits on it."""
+
+    def __init__(self, name: str, program: Program, deadline_s: float) -> None:
+        self.name = name
+        self.program = program
+        self.deadline_s = deadline_s
+        self.event = threading.Event()
+        self.error: BaseException | None = None
+        self.started = 0.0
+        self.waiting: list[Completion] = []
+
+    def finish(self, error: BaseException | None = None) -> None:
+        self.error = error
+        self.event.set()
+
+
+class RecvOp:
+    """A posted receive: where the messages of one transfer go and how they combine."""
+
+    __slots__ = ("coll_id", "completion", "dest", "nbytes", "off", "step", "ufunc", "what")
+
+    def __init__(self, coll_id: int, step: int, dest: np.ndarray, ufunc: Any | None,
+                 completion: Completion, what: str) -> None:
+        self.coll_id = coll_id
+        self.step = step
+        self.dest = dest
+        self.nbytes = dest.nbytes
+        self.ufunc = ufunc
+        self.off = 0
+        self.completion = completion
+        self.what = what
+
+
+class Engine:
+    def __init__(self, rank: int, bind_ip: str, *, port: int = ROCEV2_UDP_PORT, mtu: int = 4096,
+                 slot_bytes: int = 256 * 1024, slots: int = 8, window_bytes: int = 512 * 1024,
+                 rto_s: float = 0.05, link: Callable | None = None,
+                 tap: Callable | None = None) -> None:
+        if mtu not in VALID_MTUS:
+            from fpgaccl.errors import InvalidArgumentError
+            raise InvalidArgumentError("mtu", f"{mtu} is not one of {VALID_MTUS}")
+        self.rank = rank
+        self.bind_ip = bind_ip
+        self.mtu = JUMBO_PAYLOAD if mtu == 9000 else mtu
+        self.slot_bytes = max(slot_bytes - slot_bytes % self.mtu, self.mtu)
+        self.slots = slots
+        self.window = max(8, window_bytes // self.mtu)
+        self.rto_s = rto_s
+        self.stats: Counter[str] = Counter()
+        self.drops = [0] * len(DropReason)
+        self.mrs: dict[int, MemoryRegion] = {}
+        self.qps: dict[int, QueuePair] = {}  # by local QPN
+        self.by_peer: dict[int, QueuePair] = {}
+        self.posted: dict[int, list[RecvOp]] = {}
+        self.arrivals_dirty = False
+        self._rng = np.random.default_rng()
+        self._link = link  # impairment shim: (datagram parts, addr, send) -> None
+        self._tap = tap  # capture hook: (src_ip, dst_addr, datagram bytes)
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
+        # DF + id 0: the IPv4 header the kernel writes is the one our ICRC covers.
+        self.sock.setsockopt(socket.IPPROTO_IP, 10, 2)  # IP_MTU_DISCOVER = IP_PMTUDISC_DO
+        self.sock.bind((bind_ip, port))
+        self.sock.setblocking(False)
+        self.addr = self.sock.getsockname()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._submitted: deque[Job] = deque()
+        self._jobs: deque[Job] = deque()
+        self._stop = False
+        self.failed: BaseException | None = None
+        self._rxbuf = bytearray(65536)
+        self._rxview = memoryview(self._rxbuf)
+        self._thread: threading.Thread | None = None
+        self._next_qpn = int(self._rng.integers(0x100, 0xF00000))
+
+    # ------------------------------------------------------------------ set-up
+    def create_qp(self, peer: int) -> QueuePair:
+        qpn = self._next_qpn
+        self._next_qpn += 1
+        ring = np.zeros(self.slot_bytes * self.slots, np.uint8)
+        rkey = int(self._rng.integers(1, 1 << 32))
+        while rkey in self.mrs:
+            rkey = int(self._rng.integers(1, 1 << 32))
+        mr = MemoryRegion(rkey, ring, qpn)
+        self.mrs[rkey] = mr
+        qp = QueuePair(self, peer, qpn, slot_bytes=self.slot_bytes, slots=self.slots, ring=mr)
+        self.qps[qpn] = qp
+        self.by_peer[peer] = qp
+        self.posted[peer] = []
+        return qp
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name=f"fpgaccl-engine-{self.rank}",
+                                        daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop = True
+        self._wake()
+        if self._thread is not None:
+            self._thread.join(5)
+        self.sock.close()
+        self._wake_r.close()
+        self._wake_w.close()
+
+    def idle_for(self, seconds: float) -> None:
+        """Keep answering retransmissions for a while (used at close)."""
+        time.sleep(seconds)
+
+    # ------------------------------------------------------------------ host side
+    def submit(self, name: str, program: Program, deadline_s: float) -> Job:
+        job = Job(name, program, deadline_s)
+        if self.failed is not None:
+            job.finish(TransportError(f"communicator unusable after an earlier failure: "
+                                      f"{self.failed}"))
+            return job
+        self._submitted.append(job)
+        self._wake()
+        return job
+
+    def _wake(self) -> None:
+        try:
+            self._wake_w.send(b"\0")
+        except OSError:
+            pass
+
+    # ------------------------------------------------------------------ used by programs
+    def send(self, peer: int, coll_id: int, step: int, data: memoryview) -> Completion:
+        """Post a transfer; it completes when the peer has acknowledged every byte."""
+        qp = self.by_peer[peer]
+        sb = self.slot_bytes
+        n = len(data)
+        nmsg = max(1, -(-n // sb))
+        comp = Completion(nmsg)
+        for i in range(nmsg):
+            final = i == nmsg - 1
+            imm = wire.pack_imm(coll_id, step | (wire.STEP_FINAL if final else 0))
+            qp.post(Message(data[i * sb:(i + 1) * sb], imm, comp))
+        return comp
+
+    def recv(self, peer: int, coll_id: int, step: int, dest: np.ndarray, ufunc: Any | None = None,
+             what: str = "recvbuf") -> Completion:
+        """Post a receive: copy (or combine with ``ufunc``) a transfer into ``dest``."""
+        comp = Completion(1)
+        self.posted[peer].append(RecvOp(coll_id & 0xFFFF, step, dest, ufunc, comp, what))
+        self.arrivals_dirty = True
+        return comp
+
+    # ------------------------------------------------------------------ engine thread
+    def transmit(self, parts: tuple, addr: tuple[str, int]) -> None:
+        if self._tap is not None:
+            self._tap(self.addr[0], addr, b"".join(bytes(p) for p in parts))
+        if self._link is not None:
+            self._link(parts, addr, self._sendmsg)
+        else:
+            self._sendmsg(parts, addr)
+
+    def _sendmsg(self, parts: tuple, addr: tuple[str, int]) -> None:
+        for _ in range(1000):
+            try:
+                self.sock.sendmsg(parts, (), 0, addr)
+                self.stats["tx_packets"] += 1
+                return
+            except BlockingIOError:
+                select.select([], [self.sock], [], 0.01)
+            except OSError as e:
+                if e.errno in (errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH):
+                    return  # the peer is gone; its timeout will surface
+                raise
+
+    def drop(self, reason: DropReason) -> None:
+        self.drops[reason] += 1
+
+    def qp_failed(self, qp: QueuePair, error: BaseException) -> None:
+        for job in self._jobs:
+            job.finish(error)
+        self._jobs.clear()
+        self.failed = error
+
+    def _run(self) -> None:
+        poller = select.poll()
+        poller.register(self.sock, select.POLLIN)
+        poller.register(self._wake_r, select.POLLIN)
+        try:
+            while not self._stop:
+                busy = self._receive()
+                now = time.monotonic()
+                for qp in self.by_peer.values():
+                    qp.flush_ack()
+                    if qp.has_work() and qp.pump(now):
+                        busy = True
+                    qp.check_timer(now, self.rto_s)
+                if self.arrivals_dirty:
+                    self._match()
+                if self._submitted or self._jobs:
+                    busy |= self._sequence(now)
+                if not busy:
+                    poller.poll(self._poll_ms(now))
+                    try:
+                        while self._wake_r.recv(4096):
+                            pass
+                    except BlockingIOError:
+                        pass
+        except BaseException as e:  # the engine must never die silently
+            self.failed = e
+            for job in self._jobs:
+                job.finish(e)
+
+    def _poll_ms(self, now: float) -> int:
+        wait = 0.05
+        for qp in self.by_peer.values():
+            if qp.outstanding:
+                wait = min(wait, max(0.0, qp.last_progress + self.rto_s - now))
+        if self._jobs:
+            job = self._jobs[0]
+            wait = min(wait, max(0.0, job.started + job.deadline_s - now))
+        return max(1, int(wait * 1000))
+
+    def _receive(self) -> bool:
+        sock = self.sock
+        buf = self._rxview
+        qps = self.qps
+        got = False
+        now = time.monotonic()
+        for _ in range(256):
+            try:
+                n = sock.recv_into(buf)
+            except BlockingIOError:
+                break
+            except OSError as e:
+                if e.errno == errno.ECONNREFUSED:
+                    continue
+                raise
+            got = True
+            self.stats["rx_packets"] += 1
+            if n < wire.BTH_LEN + wire.ICRC_LEN:
+                self.drops[DropReason.TRUNCATED] += 1
+                continue
+            opcode, b1, _pkey, dqpn, w2 = wire.BTH_FMT.unpack_from(buf)
+            if b1 & 0xF:
+                self.drops[DropReason.BTH_VERSION] += 1
+                continue
+            if opcode not in SUPPORTED_OPCODES:
+                self.drops[DropReason.UNKNOWN_OPCODE] += 1
+                continue
+            qp = qps.get(dqpn & 0xFFFFFF)
+            if qp is None:
+                self.drops[DropReason.BAD_QPN] += 1
+                continue
+            psn = w2 & wire.PSN_MASK
+            ackreq = w2 >> 31
+            seed = wire.icrc_seed(qp.dst_ip, qp.src_ip, ROCEV2_UDP_PORT, ROCEV2_UDP_PORT, 8 + n)
+            want = wire.datagram_icrc(seed, wire.bth_masked(opcode, (b1 >> 4) & 3, dqpn & 0xFFFFFF,
+                                                            bool(ackreq), psn),
+                                      buf[wire.BTH_LEN:n - wire.ICRC_LEN])
+            if want != buf[n - wire.ICRC_LEN:n]:
+                self.drops[DropReason.BAD_ICRC] += 1
+                continue
+            if opcode == Opcode.ACKNOWLEDGE:
+                (aeth,) = wire.AETH_FMT.unpack_from(buf, wire.BTH_LEN)
+                qp.on_ack(psn, aeth >> 24, now)
+            elif opcode in _WRITES:
+                qp.on_write(opcode, psn, ackreq, buf, n)
+            else:
+                self.drops[DropReason.UNKNOWN_OPCODE] += 1  # SENDs: no receive queue here
+        return got
+
+    def _match(self) -> None:
+        """Hand arrived messages to posted receives, in arrival order per peer."""
+        self.arrivals_dirty = False
+        for peer, qp in self.by_peer.items():
+            posted = self.posted[peer]
+            if not qp.arrived or not posted:
+                continue
+            keep = []
+            while qp.arrived:
+                a = qp.arrived.popleft()
+                step = a.step & ~wire.STEP_FINAL
+                for op in posted:
+                    if op.coll_id == a.coll_id and op.step == step:
+                        break
+                else:
+                    keep.append(a)
+                    continue
+                try:
+                    self._deliver(qp, op, a)
+                except FpgacclError as e:
+                    op.completion.error = e
+                    op.completion.done = True
+                if op.completion.done:
+                    posted.remove(op)
+            qp.arrived.extendleft(reversed(keep))
+
+    def _deliver(self, qp: QueuePair, op: RecvOp, a) -> None:
+        from fpgaccl.errors import CountMismatchError
+        start = a.slot * self.slot_bytes
+        src = qp.ring.buf[start:start + a.length]
+        end = op.off + a.length
+        try:
+            if end > op.nbytes:
+                raise CountMismatchError(op.what, f"peer {qp.peer} sent more than the "
+                                         f"{op.nbytes} bytes expected")
+            if op.ufunc is None:
+                op.dest.view(np.uint8).reshape(-1)[op.off:end] = src
+            else:
+                isz = op.dest.itemsize
+                d = op.dest[op.off // isz:end // isz]
+                op.ufunc(d, src.view(op.dest.dtype), out=d)
+            op.off = end
+            if a.step & wire.STEP_FINAL:
+                if op.off != op.nbytes:
+                    raise CountMismatchError(op.what, f"peer {qp.peer} sent {op.off} bytes, "
+                                             f"{op.nbytes} expected")
+                op.completion.finish_one()
+        finally:
+            qp.give_back(a.slot)
+
+    def _sequence(self, now: float) -> bool:
+        while self._submitted:
+            self._jobs.append(self._submitted.popleft())
+        progressed = False
+        while self._jobs:
+            job = self._jobs[0]
+            if not job.started:
+                job.started = now
+            err = None
+            for c in job.waiting:
+                if c.error is not None:
+                    err = c.error
+                    break
+            if err is None and not all(c.done for c in job.waiting):
+                for qp in self.by_peer.values():
+                    if qp.error is not None:
+                        err = qp.error
+                        break
+                if err is None:
+                    if now - job.started > job.deadline_s:
+                        err = CollectiveTimeoutError(
+                            job.name, self.rank, job.deadline_s,
+                            f"waiting on {sum(not c.done for c in job.waiting)} transfer(s)")
+                    else:
+                        return progressed
+            progressed = True
+            try:
+                got = job.program.throw(err) if err is not None else job.program.send(None)
+            except StopIteration:
+                self._jobs.popleft()
+                job.finish()
+                continue
+            except BaseException as e:
+                self._jobs.popleft()
+                job.finish(e)
+                if not isinstance(e, FpgacclError) or isinstance(
+                        e, CollectiveTimeoutError | TransportError) or err is not None:
+                    self.failed = e
+                    for other in self._jobs:
+                        other.finish(TransportError(f"aborted after {job.name} failed: {e}"))
+                    self._jobs.clear()
+                continue
+            job.waiting = _flatten(got)
+            if self.arrivals_dirty:
+                self._match()
+        return progressed
+
+
+def _flatten(got: Any) -> list[Completion]:
+    if got is None:
+        return []
+    if isinstance(got, Completion):
+        return [got]
+    out: list[Completion] = []
+    for g in got:
+        out.extend(_flatten(g))
+    return out

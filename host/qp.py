@@ -1,0 +1,360 @@
+"""One Reliable Connection queue pair: requester (send) and responder (receive) halves.
+
+This is the software model of ``fpgaccl.hw.transport``: RDMA WRITE segmentation at the
+path MTU, 24-bit PSNs, coalesced ACKs (the requester asks for one with the BTH AckReq
+bit on the last packet of a message and every ``window/2`` packets), NAK on a sequence
+gap, go-back-N on NAK or retransmit timeout, duplicate suppression, and a memory-key
+plus bounds check on every RDMA WRITE before a byte is written.
+
+Data never goes straight into a user buffer: every WRITE targets a slot of the peer's
+receive ring (a registered memory region per peer), and the responder returns a slot
+with a zero-length ``STEP_CREDIT`` message once the sequencer has consumed it. That
+bounds receive memory to ``slots x slot_bytes`` per peer whatever the user buffer size.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from fpgaccl.errors import RemoteAccessError, TransportError
+from fpgaccl.proto.drops import DropReason
+from fpgaccl.proto.opcodes import (
+    AETH_OPCODES,
+    LAST_OPCODES,
+    ONLY_OPCODES,
+    RETH_OPCODES,
+    AethKind,
+    NakCode,
+    Opcode,
+    aeth_syndrome,
+    psn_diff,
+    split_syndrome,
+)
+
+from . import wire
+
+if TYPE_CHECKING:
+    from .engine import Engine
+
+_FIRST_OR_ONLY = frozenset(int(o) for o in RETH_OPCODES)
+_ENDS = frozenset(int(o) for o in LAST_OPCODES | ONLY_OPCODES)
+_WITH_IMM = frozenset({Opcode.RDMA_WRITE_LAST_WITH_IMMEDIATE,
+                       Opcode.RDMA_WRITE_ONLY_WITH_IMMEDIATE})
+_WRITES = frozenset(int(o) for o in (Opcode.RDMA_WRITE_FIRST, Opcode.RDMA_WRITE_MIDDLE,
+                                     Opcode.RDMA_WRITE_LAST,
+                                     Opcode.RDMA_WRITE_LAST_WITH_IMMEDIATE,
+                                     Opcode.RDMA_WRITE_ONLY,
+                                     Opcode.RDMA_WRITE_ONLY_WITH_IMMEDIATE))
+_ACK = int(Opcode.ACKNOWLEDGE)
+_AETH = frozenset(int(o) for o in AETH_OPCODES)
+
+
+class Completion:
+    """Done-flag of one posted operation; the sequencer waits on these."""
+
+    __slots__ = ("done", "error", "pending")
+
+    def __init__(self, pending: int = 0) -> None:
+        self.pending = pending
+        self.done = pending == 0
+        self.error: BaseException | None = None
+
+    def finish_one(self) -> None:
+        self.pending -= 1
+        if self.pending <= 0:
+            self.done = True
+
+
+@dataclass
+class MemoryRegion:
+    """Registered memory: the only place a remote WRITE may land."""
+
+    rkey: int
+    buf: np.ndarray  # uint8, contiguous
+    qpn: int  # the local QP allowed to write here (the ring of that peer)
+    va: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.va = int(self.buf.ctypes.data)
+
+
+@dataclass
+class Message:
+    """One RDMA WRITE with immediate: at most one ring slot of payload."""
+
+    data: memoryview
+    imm: int
+    completion: Completion | None
+    slot: int = -1  # -1: a credit message, needs no slot
+
+
+@dataclass
+class Arrival:
+    coll_id: int
+    step: int
+    slot: int
+    length: int
+
+
+class QueuePair:
+    def __init__(self, engine: Engine, peer: int, qpn: int, *, slot_bytes: int, slots: int,
+                 ring: MemoryRegion) -> None:
+        self.engine = engine
+        self.peer = peer
+        self.qpn = qpn
+        self.slot_bytes = slot_bytes
+        self.ring = ring  # where the peer writes to us
+        # Filled by connect() from the rendezvous.
+        self.remote_qpn = 0
+        self.addr: tuple[str, int] = ("", 0)
+        self.src_ip = 0
+        self.dst_ip = 0
+        self.remote_va = 0
+        self.remote_rkey = 0
+        # Requester state.
+        self.next_psn = 0
+        self.pending: deque[Message] = deque()
+        self.credits: deque[Message] = deque()
+        self.free_slots: deque[int] = deque(range(slots))
+        self.cur: Message | None = None
+        self.cur_off = 0
+        self.cur_va = 0
+        self.outstanding: deque[tuple[int, tuple, Message | None]] = deque()
+        self.since_ackreq = 0
+        self.last_progress = 0.0
+        self.retries = 0
+        self.error: BaseException | None = None
+        # Responder state.
+        self.epsn = 0
+        self.msn = 0
+        self.nak_sent = False
+        self.ack_pending = False
+        self.w_off = -1  # ring offset of the WRITE in progress, -1 when none
+        self.w_len = 0
+        self.w_done = 0
+        self.arrived: deque[Arrival] = deque()
+
+    def connect(self, *, remote_qpn: int, addr: tuple[str, int], local_ip: str, send_psn: int,
+                recv_psn: int, remote_va: int, remote_rkey: int) -> None:
+        self.remote_qpn = remote_qpn
+        self.addr = addr
+        self.src_ip = wire.ip_to_int(local_ip)
+        self.dst_ip = wire.ip_to_int(addr[0])
+        self.next_psn = send_psn
+        self.epsn = recv_psn
+        self.remote_va = remote_va
+        self.remote_rkey = remote_rkey
+
+    # ---------------------------------------------------------------- requester
+    def post(self, msg: Message) -> None:
+        (self.credits if msg.slot == -1 and msg.completion is None else self.pending).append(msg)
+
+    def has_work(self) -> bool:
+        return self.cur is not None or bool(self.credits) or (
+            bool(self.pending) and bool(self.free_slots))
+
+    def pump(self, now: float) -> bool:
+        """Send new packets while the window allows; True if anything went out."""
+        window = self.engine.window
+        sent = False
+        while len(self.outstanding) < window and self.error is None:
+            msg = self.cur
+            if msg is None:
+                if self.credits:
+                    msg = self.credits.popleft()
+                    self.cur_va = self.remote_va
+                elif self.pending and self.free_slots:
+                    msg = self.pending.popleft()
+                    msg.slot = self.free_slots.popleft()
+                    self.cur_va = self.remote_va + msg.slot * self.slot_bytes
+                else:
+                    break
+                self.cur = msg
+                self.cur_off = 0
+            self._send_segment(msg, now)
+            sent = True
+        return sent
+
+    def _send_segment(self, msg: Message, now: float) -> None:
+        mtu = self.engine.mtu
+        off = self.cur_off
+        total = len(msg.data)
+        n = min(mtu, total - off)
+        first = off == 0
+        last = off + n >= total
+        if first and last:
+            opcode = Opcode.RDMA_WRITE_ONLY_WITH_IMMEDIATE
+        elif first:
+            opcode = Opcode.RDMA_WRITE_FIRST
+        elif last:
+            opcode = Opcode.RDMA_WRITE_LAST_WITH_IMMEDIATE
+        else:
+            opcode = Opcode.RDMA_WRITE_MIDDLE
+        ext = b""
+        if first:
+            ext = wire.RETH_FMT.pack(self.cur_va, self.remote_rkey, total)
+        if last:
+            ext += wire.IMM_FMT.pack(msg.imm)
+        self.since_ackreq += 1
+        ackreq = last or self.since_ackreq >= self.engine.window // 2
+        if ackreq:
+            self.since_ackreq = 0
+        psn = self.next_psn
+        self.next_psn = (psn + 1) & wire.PSN_MASK
+        payload = msg.data[off:off + n]
+        pad = -n & 3
+        udp_len = 8 + wire.BTH_LEN + len(ext) + n + pad + wire.ICRC_LEN
+        seed = wire.icrc_seed(self.src_ip, self.dst_ip, wire.ROCEV2_UDP_PORT,
+                              wire.ROCEV2_UDP_PORT, udp_len)
+        hdr = wire.bth(opcode, pad, self.remote_qpn, ackreq, psn) + ext
+        tail = bytes(pad)
+        tail += wire.datagram_icrc(seed, wire.bth_masked(opcode, pad, self.remote_qpn, ackreq, psn),
+                                   ext, payload, tail)
+        parts = (hdr, payload, tail)
+        if not self.outstanding:
+            self.last_progress = now
+        self.outstanding.append((psn, parts, msg if last else None))
+        self.engine.transmit(parts, self.addr)
+        if last:
+            self.cur = None
+        else:
+            self.cur_off = off + n
+
+    def on_ack(self, psn: int, syndrome: int, now: float) -> None:
+        kind, code = split_syndrome(syndrome)
+        if kind == AethKind.NAK and code == NakCode.PSN_SEQUENCE_ERROR:
+            self._acked(psn - 1, now)
+            self.engine.stats["nak_rx"] += 1
+            self.retransmit(now)
+        elif kind == AethKind.NAK:
+            self.error = RemoteAccessError(
+                f"peer {self.peer} NAKed PSN {psn}: {NakCode(code).name}"
+                if code in NakCode._value2member_map_ else f"peer {self.peer}: NAK code {code}")
+            self.engine.qp_failed(self, self.error)
+        elif kind == AethKind.ACK:
+            self._acked(psn, now)
+
+    def _acked(self, psn: int, now: float) -> None:
+        out = self.outstanding
+        progressed = False
+        while out and psn_diff(out[0][0], psn) <= 0:
+            _, _, msg = out.popleft()
+            progressed = True
+            if msg is not None and msg.completion is not None:
+                msg.completion.finish_one()
+        if progressed:
+            self.last_progress = now
+            self.retries = 0
+
+    def retransmit(self, now: float) -> None:
+        """Go-back-N: resend every unacknowledged packet, oldest first."""
+        self.last_progress = now
+        if not self.outstanding:
+            return
+        self.engine.stats["retransmits"] += len(self.outstanding)
+        for _, parts, _ in self.outstanding:
+            self.engine.transmit(parts, self.addr)
+
+    def check_timer(self, now: float, rto: float) -> None:
+        if self.outstanding and now - self.last_progress > rto * (1 << min(self.retries, 4)):
+            self.retries += 1
+            self.engine.stats["timeouts"] += 1
+            self.retransmit(now)
+
+    # ---------------------------------------------------------------- responder
+    def on_write(self, opcode: int, psn: int, ackreq: int, pkt: memoryview, end: int) -> None:
+        eng = self.engine
+        d = psn_diff(psn, self.epsn)
+        if d < 0:
+            # A retransmission of something we have: drop it, re-ACK so the sender
+            # learns how far we got even if our earlier ACK was lost.
+            eng.drop(DropReason.PSN_DUPLICATE)
+            self.ack_pending = True
+            return
+        if d > 0:
+            eng.drop(DropReason.PSN_OUT_OF_ORDER)
+            if not self.nak_sent:
+                self.nak_sent = True
+                self.send_ack(aeth_syndrome(AethKind.NAK, NakCode.PSN_SEQUENCE_ERROR),
+                              self.epsn)
+            return
+        pos = wire.BTH_LEN
+        if opcode in _FIRST_OR_ONLY:
+            va, rkey, dlen = wire.RETH_FMT.unpack_from(pkt, pos)
+            pos += wire.RETH_LEN
+            mr = eng.mrs.get(rkey)
+            if mr is None or mr.qpn != self.qpn:
+                return self._access_error(DropReason.BAD_RKEY, psn)
+            off = va - mr.va
+            if off < 0 or off + dlen > len(mr.buf):
+                return self._access_error(DropReason.OUT_OF_BOUNDS, psn)
+            self.w_off, self.w_len, self.w_done = off, dlen, 0
+        elif self.w_off < 0:
+            # MIDDLE/LAST without a FIRST: the sequence of opcodes is broken.
+            eng.drop(DropReason.ACCESS_DENIED)
+            self.nak_sent = True
+            self.send_ack(aeth_syndrome(AethKind.NAK, NakCode.INVALID_REQUEST), psn)
+            return
+        imm = -1
+        if opcode in _WITH_IMM:
+            imm = wire.IMM_FMT.unpack_from(pkt, pos)[0]
+            pos += wire.IMM_LEN
+        pad = (pkt[1] >> 4) & 3
+        n = end - wire.ICRC_LEN - pad - pos
+        if n < 0 or self.w_done + n > self.w_len or (
+                opcode in _ENDS and self.w_done + n != self.w_len):
+            self.w_off = -1
+            return self._access_error(DropReason.OUT_OF_BOUNDS, psn)
+        if n:
+            start = self.w_off + self.w_done
+            self.ring.buf[start:start + n] = pkt[pos:pos + n]
+            self.w_done += n
+        self.epsn = (self.epsn + 1) & wire.PSN_MASK
+        self.nak_sent = False
+        if ackreq:
+            self.ack_pending = True
+        if opcode in _ENDS:
+            self.msn = (self.msn + 1) & 0xFFFFFF
+            if imm >= 0:
+                coll_id, step = wire.unpack_imm(imm)
+                slot = self.w_off // self.slot_bytes
+                if step == wire.STEP_CREDIT:
+                    self.free_slots.append(coll_id)
+                else:
+                    self.arrived.append(Arrival(coll_id, step, slot, self.w_len))
+                    eng.arrivals_dirty = True
+            self.w_off = -1
+
+    def _access_error(self, reason: DropReason, psn: int) -> None:
+        # Nothing was written; the requester learns of it from the NAK and fails its
+        # operation with RemoteAccessError.
+        self.engine.drop(reason)
+        self.nak_sent = True
+        self.send_ack(aeth_syndrome(AethKind.NAK, NakCode.REMOTE_ACCESS_ERROR), psn)
+
+    def send_ack(self, syndrome: int, psn: int) -> None:
+        self.engine.stats["acks_tx"] += 1
+        dg = wire.ack_datagram(self.src_ip, self.dst_ip, self.remote_qpn, psn & wire.PSN_MASK,
+                               syndrome, self.msn)
+        self.engine.transmit((dg,), self.addr)
+
+    def flush_ack(self) -> None:
+        if self.ack_pending:
+            self.ack_pending = False
+            self.send_ack(wire.ACK_SYNDROME, (self.epsn - 1) & wire.PSN_MASK)
+
+    def give_back(self, slot: int) -> None:
+        """Return a consumed ring slot to the peer."""
+        self.post(Message(memoryview(b""), wire.pack_imm(slot, wire.STEP_CREDIT), None))
+
+
+def now() -> float:
+    return time.monotonic()
+
+
+__all__ = ["Arrival", "Completion", "MemoryRegion", "Message", "QueuePair", "TransportError"]

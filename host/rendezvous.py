@@ -1,0 +1,96 @@
+"""TCP rendezvous on MASTER_ADDR:MASTER_PORT: every rank learns every rank's QP info.
+
+Rank 0 listens; the others connect (retrying until the deadline, since launchers start
+ranks in any order), each sends one JSON line, and rank 0 answers everyone with the
+full table once all have arrived. Only connection set-up uses TCP; data never does.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from typing import Any
+
+from fpgaccl.errors import CollectiveTimeoutError, InvalidArgumentError
+
+
+def _send_line(sock: socket.socket, obj: Any) -> None:
+    sock.sendall(json.dumps(obj).encode() + b"\n")
+
+
+def _recv_line(sock: socket.socket) -> Any:
+    data = bytearray()
+    while not data.endswith(b"\n"):
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise ConnectionError("rendezvous peer closed the connection")
+        data += chunk
+    return json.loads(data)
+
+
+def exchange(rank: int, world: int, master: tuple[str, int], info: dict,
+             timeout_s: float = 60.0) -> list[dict]:
+    """All ranks' ``info`` dicts, indexed by rank."""
+    if not 0 <= rank < world:
+        raise InvalidArgumentError("rank", f"{rank} is outside world of size {world}")
+    if world == 1:
+        return [info]
+    deadline = time.monotonic() + timeout_s
+    if rank == 0:
+        return _serve(world, master, info, deadline, timeout_s)
+    while True:
+        try:
+            sock = socket.create_connection(master, timeout=max(0.1, deadline - time.monotonic()))
+            break
+        except OSError:
+            if time.monotonic() > deadline:
+                raise CollectiveTimeoutError("rendezvous", rank, timeout_s,
+                                             f"no master at {master[0]}:{master[1]}") from None
+            time.sleep(0.05)
+    with sock:
+        sock.settimeout(max(0.1, deadline - time.monotonic()))
+        _send_line(sock, {"rank": rank, "info": info})
+        try:
+            table = _recv_line(sock)
+        except (TimeoutError, ConnectionError) as e:
+            raise CollectiveTimeoutError("rendezvous", rank, timeout_s, str(e)) from None
+    return table
+
+
+def _serve(world: int, master: tuple[str, int], info: dict, deadline: float,
+           timeout_s: float) -> list[dict]:
+    srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    srv.bind(master)
+    srv.listen(world)
+    table: list[dict | None] = [None] * world
+    table[0] = info
+    conns = []
+    try:
+        while any(t is None for t in table):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                missing = [i for i, t in enumerate(table) if t is None]
+                raise CollectiveTimeoutError("rendezvous", 0, timeout_s,
+                                             f"ranks {missing} never arrived")
+            srv.settimeout(left)
+            try:
+                conn, _ = srv.accept()
+            except TimeoutError:
+                continue
+            conn.settimeout(max(0.1, deadline - time.monotonic()))
+            msg = _recv_line(conn)
+            r = int(msg["rank"])
+            if not 0 < r < world or table[r] is not None:
+                conn.close()
+                raise InvalidArgumentError("rank", f"rank {r} announced twice or out of range")
+            table[r] = msg["info"]
+            conns.append(conn)
+        for conn in conns:
+            _send_line(conn, table)
+    finally:
+        for conn in conns:
+            conn.close()
+        srv.close()
+    return table  # type: ignore[return-value]
