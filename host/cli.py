@@ -7,14 +7,54 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # Everything after "--" belongs to the launched command, not to us.
+    rest: list[str] = []
+    if "--" in argv:
+        k = argv.index("--")
+        argv, rest = argv[:k], argv[k + 1:]
     parser = argparse.ArgumentParser(prog="fpgaccl", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="build RoCEv2 packets, write a pcap, decode it with tshark")
     demo.add_argument("--pcap", default="build/demo.pcap", help="where to write the capture")
-    args, rest = parser.parse_known_args(argv)
+
+    run = sub.add_parser("run", help="start N local ranks of a command: fpgaccl run -n 4 -- cmd")
+    run.add_argument("-n", "--nprocs", type=int, required=True, help="number of ranks")
+    run.add_argument("--pcap", default=None, help="write all RoCEv2 traffic to this pcap")
+    run.add_argument("--impair", default=None,
+                     help="lossy link for testing, e.g. loss=0.05,dup=0.02,reorder=0.05")
+    run.add_argument("--deadline", type=float, default=None,
+                     help="seconds before a stuck collective raises CollectiveTimeoutError")
+    run.add_argument("--timeout", type=float, default=None, help="kill the run after this long")
+    run.add_argument("cmd", nargs="*", help=argparse.SUPPRESS)
+
+    from .bench import add_arguments
+    bench = sub.add_parser("bench", help="nccl-tests style benchmark over local ranks")
+    add_arguments(bench)
+
+    ard = sub.add_parser("allreduce-demo",
+                         help="4-rank allreduce on the software backend, checked against numpy")
+    ard.add_argument("-g", "--ranks", type=int, default=4)
+    ard.add_argument("-e", "--maxbytes", default="16M")
+    ard.add_argument("--json", default=None)
+
+    args = parser.parse_args(argv)
     if args.command == "demo":
         from .demo import run_demo
         return run_demo(args.pcap)
+    if args.command == "run":
+        from .launcher import run as launch
+        return launch(args.nprocs, list(args.cmd) + rest, pcap=args.pcap, impair=args.impair,
+                      deadline_s=args.deadline, timeout_s=args.timeout)
+    if args.command == "bench":
+        from .bench import main as bench_main
+        return bench_main(args)
+    if args.command == "allreduce-demo":
+        from .bench import main as bench_main
+        bargs = parser.parse_args(["bench", "allreduce", "-g", str(args.ranks), "-b", "8",
+                                   "-e", args.maxbytes, "-f", "4", "-n", "5", "-w", "1",
+                                   "-c", "1"] + (["--json", args.json] if args.json else []))
+        return bench_main(bargs)
     parser.error(f"unknown command {args.command}")
     return 2
 

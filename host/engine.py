@@ -9,6 +9,7 @@ another in submission order, which every rank shares, like a hardware command qu
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import select
 import socket
@@ -160,10 +161,8 @@ class Engine:
         return job
 
     def _wake(self) -> None:
-        try:
+        with contextlib.suppress(OSError):
             self._wake_w.send(b"\0")
-        except OSError:
-            pass
 
     # ------------------------------------------------------------------ used by programs
     def send(self, peer: int, coll_id: int, step: int, data: memoryview) -> Completion:

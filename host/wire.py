@@ -25,7 +25,8 @@ from fpgaccl.proto.opcodes import (
 )
 
 # The struct formats mirror the proto tables; the asserts keep them from drifting apart.
-BTH_FMT = struct.Struct(">BBHII")  # opcode | se,m,pad,tver | pkey | fecn,becn,resv6,dqpn | ackreq,resv7,psn
+# BTH words: opcode | se,m,pad,tver | pkey | fecn,becn,resv6,dqpn | ackreq,resv7,psn
+BTH_FMT = struct.Struct(">BBHII")
 RETH_FMT = struct.Struct(">QII")  # va | rkey | dlen
 IMM_FMT = struct.Struct(">I")
 AETH_FMT = struct.Struct(">I")  # syndrome << 24 | msn

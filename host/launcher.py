@@ -1,0 +1,95 @@
+"""``fpgaccl run -n N -- cmd``: start N local ranks of a command and wait for them.
+
+Each rank gets the environment :func:`fpgaccl.host.init` reads (FPGACCL_RANK,
+FPGACCL_WORLD_SIZE, and torchrun's RANK/WORLD_SIZE/LOCAL_RANK/MASTER_ADDR/MASTER_PORT),
+a fresh rendezvous port, and optionally a capture directory whose per-rank pcaps are
+merged into one file when the run ends. Multi-host runs use the site's launcher
+(torchrun, srun, mpirun) instead; this one only starts local processes.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from . import pcap as pcapmod
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rank_env(rank: int, world: int, port: int, extra: dict[str, str] | None = None
+             ) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update({
+        "FPGACCL_RANK": str(rank), "FPGACCL_WORLD_SIZE": str(world),
+        "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
+        "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+    })
+    env.update(extra or {})
+    return env
+
+
+def run(nprocs: int, cmd: list[str], *, pcap: str | None = None, impair: str | None = None,
+        deadline_s: float | None = None, timeout_s: float | None = None) -> int:
+    """Run ``cmd`` as ``nprocs`` ranks; the exit status is the first failing rank's."""
+    if nprocs < 1:
+        print("fpgaccl run: -n must be at least 1", file=sys.stderr)
+        return 2
+    if not cmd:
+        print("fpgaccl run: no command given (use: fpgaccl run -n 4 -- python script.py)",
+              file=sys.stderr)
+        return 2
+    port = free_port()
+    extra: dict[str, str] = {}
+    tmp = None
+    if pcap:
+        tmp = tempfile.TemporaryDirectory(prefix="fpgaccl-pcap-")
+        extra["FPGACCL_PCAP_DIR"] = tmp.name
+    if impair:
+        extra["FPGACCL_IMPAIR"] = impair
+    if deadline_s:
+        extra["FPGACCL_DEADLINE_S"] = str(deadline_s)
+    procs = [subprocess.Popen(cmd, env=rank_env(r, nprocs, port, extra))
+             for r in range(nprocs)]
+    rc = 0
+    start = time.monotonic()
+    try:
+        pending = set(range(nprocs))
+        while pending:
+            for r in sorted(pending):
+                code = procs[r].poll()
+                if code is not None:
+                    pending.discard(r)
+                    if code and not rc:
+                        rc = code
+                        print(f"fpgaccl run: rank {r} exited with {code}", file=sys.stderr)
+            if timeout_s is not None and time.monotonic() - start > timeout_s:
+                print(f"fpgaccl run: timed out after {timeout_s:g} s", file=sys.stderr)
+                for r in pending:
+                    procs[r].kill()
+                rc = rc or 124
+                break
+            time.sleep(0.02)
+    except KeyboardInterrupt:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGINT)
+        for p in procs:
+            p.wait()
+        rc = 130
+    if pcap and tmp is not None:
+        files = sorted(Path(tmp.name).glob("rank*.pcap"))
+        n = pcapmod.merge(files, pcap)
+        print(f"fpgaccl run: {n} frames from {len(files)} rank(s) -> {pcap}", file=sys.stderr)
+        tmp.cleanup()
+    return rc
