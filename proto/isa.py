@@ -1,0 +1,132 @@
+"""The collective sequencer's instruction set: the single definition of how a program
+is encoded, shared by the HDL sequencer, the software engine and the assembler.
+
+A program runs on every rank's engine (each rank gets its own, assembled for its rank).
+It sees four buffers: ``IN`` (the user's send buffer) and ``OUT`` (the receive buffer)
+of ``n`` elements, and two engine scratch buffers ``TMP``/``TMP2`` that peers' RDMA
+WRITEs land in before they are reduced. SETUP splits them into ``nchunks`` chunks of
+``cs = ceil(n / nchunks)`` elements (chunk ``c`` is ``[c*cs, min((c+1)*cs, n))`` in
+IN/OUT, and the full ``[c*cs, (c+1)*cs)`` in scratch, so scratch holds
+``nchunks * cs`` elements): equal strides keep the scratch regions of different chunks
+disjoint whatever ``n`` is.
+
+Ordering rules the engines guarantee:
+
+* instructions run in order; a SEND reads its source before the next instruction runs
+  (the transport may still be retransmitting it: retransmits of delivered packets are
+  dropped as duplicates, so later changes to the source cannot reach the peer);
+* flow control is by credit: a SEND of tag ``step`` to ``peer`` waits until that peer
+  has run ``GRANT`` for it (a zero-length RDMA WRITE with immediate data). A receiver
+  grants only once the region the message lands in is free, so no RDMA WRITE can
+  overwrite data still to be sent or reduced -- in this collective or the next;
+* a RECV/RECV_REDUCE waits until the whole message ``(peer, step)`` has landed, in the
+  buffer and chunks the *sender* named (``rbuf``/``xchunk``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import IntEnum
+
+from .fields import Field, Header, one_of
+
+
+class SeqOp(IntEnum):
+    NOP = 0
+    SETUP = 1         # split buffers into `step` chunks
+    COPY = 2          # buf[chunk..+count] = src[chunk..+count]
+    SEND = 3          # RDMA WRITE src[chunk..] to peer's rbuf[xchunk..], tag step
+    RECV = 4          # wait for (peer, step) to land (it was written in place)
+    RECV_REDUCE = 5   # wait for (peer, step) in TMP*[xchunk..]; buf[chunk..] = op(src, it)
+    GRANT = 6         # tell peer it may send message `step` (its landing region is free)
+    DONE = 15         # signal completion
+
+
+class Buf(IntEnum):
+    IN = 0
+    OUT = 1
+    TMP = 2
+    TMP2 = 3
+
+
+INSTRUCTION = Header("SeqInstr", (
+    Field("op", 4, 0, "SeqOp", check=one_of(frozenset(int(o) for o in SeqOp), "sequencer op")),
+    Field("buf", 2, 0, "destination (COPY, RECV_REDUCE) or landing buffer (RECV)"),
+    Field("src", 2, 0, "local source buffer (COPY, SEND, RECV_REDUCE)"),
+    Field("rbuf", 2, 0, "SEND: buffer the data lands in at the peer; RECV_REDUCE: scratch"),
+    Field("resv", 6, 0, "reserved, zero"),
+    Field("peer", 8, 0, "rank sent to or received from"),
+    Field("chunk", 8, 0, "first local chunk"),
+    Field("count", 8, 0, "number of consecutive chunks"),
+    Field("xchunk", 8, 0, "SEND: first chunk at the peer; RECV_REDUCE: first scratch chunk"),
+    Field("step", 16, 0, "message tag (ImmDt step) or, for SETUP, the number of chunks"),
+), "one 64-bit sequencer instruction; stored low word first in program memory")
+
+WORDS_PER_INSTRUCTION = INSTRUCTION.bits // 32
+
+
+@dataclass(frozen=True)
+class Instr:
+    op: SeqOp
+    buf: Buf = Buf.IN
+    src: Buf = Buf.IN
+    rbuf: Buf = Buf.IN
+    peer: int = 0
+    chunk: int = 0
+    count: int = 1
+    xchunk: int = 0
+    step: int = 0
+
+    def encode(self) -> int:
+        return INSTRUCTION.to_int(op=int(self.op), buf=int(self.buf), src=int(self.src),
+                                  rbuf=int(self.rbuf), peer=self.peer, chunk=self.chunk,
+                                  count=self.count, xchunk=self.xchunk, step=self.step)
+
+    @classmethod
+    def decode(cls, word: int) -> Instr:
+        v = INSTRUCTION.from_int(word)
+        INSTRUCTION.validate(v)
+        return cls(SeqOp(v["op"]), Buf(v["buf"]), Buf(v["src"]), Buf(v["rbuf"]), v["peer"],
+                   v["chunk"], v["count"], v["xchunk"], v["step"])
+
+    def __str__(self) -> str:
+        o = self.op
+        if o is SeqOp.SETUP:
+            return f"SETUP nchunks={self.step}"
+        if o is SeqOp.DONE or o is SeqOp.NOP:
+            return o.name
+        rng = f"[{self.chunk}:{self.chunk + self.count}]"
+        if o is SeqOp.COPY:
+            return f"COPY {self.buf.name}{rng} <- {self.src.name}"
+        if o is SeqOp.SEND:
+            return (f"SEND {self.src.name}{rng} -> rank {self.peer} "
+                    f"{self.rbuf.name}[{self.xchunk}] step={self.step}")
+        if o is SeqOp.GRANT:
+            return f"GRANT rank {self.peer} step={self.step}"
+        if o is SeqOp.RECV:
+            return f"RECV {self.buf.name}{rng} <- rank {self.peer} step={self.step}"
+        return (f"RECV_REDUCE {self.buf.name}{rng} = op({self.src.name}, "
+                f"{self.rbuf.name}[{self.xchunk}]) <- rank {self.peer} step={self.step}")
+
+
+def chunk_size(n: int, nchunks: int) -> int:
+    return -(-n // nchunks) if nchunks else 0
+
+
+def assemble(program: list[Instr]) -> list[int]:
+    """Program-memory words (32-bit, low word of each instruction first)."""
+    words = []
+    for ins in program:
+        w = ins.encode()
+        words += [(w >> (32 * i)) & 0xFFFFFFFF for i in range(WORDS_PER_INSTRUCTION)]
+    return words
+
+
+def disassemble(words: list[int]) -> list[Instr]:
+    if len(words) % WORDS_PER_INSTRUCTION:
+        raise ValueError("program length is not a whole number of instructions")
+    out = []
+    for i in range(0, len(words), WORDS_PER_INSTRUCTION):
+        w = sum(words[i + j] << (32 * j) for j in range(WORDS_PER_INSTRUCTION))
+        out.append(Instr.decode(w))
+    return out

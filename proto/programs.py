@@ -1,0 +1,225 @@
+"""The library of collective programs, written in the sequencer ISA (:mod:`.isa`).
+
+Each generator returns one rank's program. They are data, not hardware: a new
+collective is a new function here (see :func:`hierarchical_allreduce`), loaded into the
+engine's program memory with no re-synthesis, and run unchanged by the software engine.
+
+Buffer conventions (``nchunks`` set by SETUP):
+* allreduce, reduce, broadcast: IN and OUT hold the whole vector.
+* reduce_scatter: rank r's result is OUT chunk r (of ``world`` chunks).
+* allgather: rank r's contribution is IN chunk r; every rank ends with all of OUT.
+* alltoall: IN chunk j goes to rank j; OUT chunk j came from rank j.
+"""
+
+from __future__ import annotations
+
+from .isa import Buf, Instr, SeqOp
+
+OUT, TMP, TMP2, IN = Buf.OUT, Buf.TMP, Buf.TMP2, Buf.IN
+
+
+def _setup(nchunks: int, copy: bool = True, chunk: int = 0, count: int | None = None):
+    prog = [Instr(SeqOp.SETUP, step=nchunks)]
+    if copy:
+        prog.append(Instr(SeqOp.COPY, buf=OUT, src=IN, chunk=chunk,
+                          count=nchunks if count is None else count))
+    return prog
+
+
+def _send(peer, chunk, step, rbuf, count=1, xchunk=None, src=OUT):
+    return Instr(SeqOp.SEND, src=src, rbuf=rbuf, peer=peer, chunk=chunk, count=count,
+                 xchunk=chunk if xchunk is None else xchunk, step=step)
+
+
+def _grant(peer, step):
+    return Instr(SeqOp.GRANT, peer=peer, step=step)
+
+
+def _recv(peer, chunk, step, count=1):
+    return Instr(SeqOp.RECV, buf=OUT, peer=peer, chunk=chunk, count=count, step=step)
+
+
+def _recv_reduce(peer, chunk, step, count=1, scratch=TMP, xchunk=None):
+    return Instr(SeqOp.RECV_REDUCE, buf=OUT, src=OUT, rbuf=scratch, peer=peer, chunk=chunk,
+                 count=count, xchunk=chunk if xchunk is None else xchunk, step=step)
+
+
+DONE = Instr(SeqOp.DONE)
+
+
+def _ring_rs(ranks: list[int], me: int, block: int, base_step: int, scratch: Buf) -> list:
+    """Ring reduce-scatter among ``ranks`` over blocks of ``block`` chunks; position i
+    ends owning block i fully reduced."""
+    n, i = len(ranks), ranks.index(me)
+    right, left = ranks[(i + 1) % n], ranks[(i - 1) % n]
+    prog = [_grant(left, base_step + s) for s in range(n - 1)]  # scratch blocks are disjoint
+    for s in range(n - 1):
+        out_b, in_b = (i - s - 1) % n, (i - s - 2) % n
+        prog.append(_send(right, out_b * block, base_step + s, scratch, count=block))
+        prog.append(_recv_reduce(left, in_b * block, base_step + s, count=block,
+                                 scratch=scratch))
+    return prog
+
+
+def _ring_ag(ranks: list[int], me: int, block: int, base_step: int) -> list:
+    """Ring allgather among ``ranks``: position i starts owning block i of OUT."""
+    n, i = len(ranks), ranks.index(me)
+    right, left = ranks[(i + 1) % n], ranks[(i - 1) % n]
+    # Granted only now: the blocks these land in were sources of earlier SENDs.
+    prog = [_grant(left, base_step + s) for s in range(n - 1)]
+    for s in range(n - 1):
+        prog.append(_send(right, ((i - s) % n) * block, base_step + s, OUT, count=block))
+        prog.append(_recv(left, ((i - s - 1) % n) * block, base_step + s, count=block))
+    return prog
+
+
+def ring_allreduce(rank: int, world: int) -> list[Instr]:
+    ranks = list(range(world))
+    return (_setup(world) + _ring_rs(ranks, rank, 1, 0, TMP)
+            + _ring_ag(ranks, rank, 1, world - 1) + [DONE])
+
+
+def ring_reduce_scatter(rank: int, world: int) -> list[Instr]:
+    return _setup(world) + _ring_rs(list(range(world)), rank, 1, 0, TMP) + [DONE]
+
+
+def ring_allgather(rank: int, world: int) -> list[Instr]:
+    return (_setup(world, chunk=rank, count=1)
+            + _ring_ag(list(range(world)), rank, 1, 0) + [DONE])
+
+
+def chain_broadcast(rank: int, world: int, root: int = 0, segments: int = 4) -> list[Instr]:
+    """Pipelined chain root -> root+1 -> ...: segment k is forwarded as soon as it lands."""
+    pos = (rank - root) % world
+    nxt, prev = (rank + 1) % world, (rank - 1) % world
+    prog = _setup(segments, copy=pos == 0)
+    if pos > 0:
+        prog += [_grant(prev, k) for k in range(segments)]
+    for k in range(segments):
+        if pos > 0:
+            prog.append(_recv(prev, k, k))
+        if pos < world - 1:
+            prog.append(_send(nxt, k, k, OUT))
+    return [*prog, DONE]
+
+
+def chain_reduce(rank: int, world: int, root: int = 0, segments: int = 4) -> list[Instr]:
+    """Pipelined chain from the rank farthest from ``root`` towards it; only the root's
+    OUT holds the result."""
+    pos = (rank - root) % world
+    towards, away = (rank - 1) % world, (rank + 1) % world
+    prog = _setup(segments)
+    if pos < world - 1:
+        prog += [_grant(away, k) for k in range(segments)]
+    for k in range(segments):
+        if pos < world - 1:
+            prog.append(_recv_reduce(away, k, k))
+        if pos > 0:
+            prog.append(_send(towards, k, k, TMP))
+    return [*prog, DONE]
+
+
+def rhd_allreduce(rank: int, world: int) -> list[Instr]:
+    """Recursive halving reduce-scatter + recursive doubling allgather (Rabenseifner).
+
+    A world that is not a power of two first folds: of the first ``2*rem`` ranks, each
+    even one hands its vector to its odd neighbour (landing in TMP2) and waits for the
+    result at the end.
+    """
+    p = 1 << (world.bit_length() - 1)
+    rem = world - p
+    prog = _setup(p)
+    final_step = 1 + 2 * p.bit_length()
+    if rank < 2 * rem and rank % 2 == 0:
+        prog.append(_send(rank + 1, 0, 0, TMP2, count=p))
+        prog.append(_grant(rank + 1, final_step))
+        prog.append(_recv(rank + 1, 0, final_step, count=p))
+        return [*prog, DONE]
+    if rank < 2 * rem:
+        prog.append(_grant(rank - 1, 0))
+        prog.append(_recv_reduce(rank - 1, 0, 0, count=p, scratch=TMP2))
+        nr = rank // 2
+    else:
+        nr = rank - rem
+
+    def real(n: int) -> int:
+        return 2 * n + 1 if n < rem else n + rem
+
+    # Halving: step k's scratch chunks are packed after step k-1's, so no two steps'
+    # messages land on the same chunks.
+    lo, size, tbase, dist, step = 0, p, 0, p // 2, 1
+    plan = []
+    while dist >= 1:
+        plan.append((lo, size, tbase, dist, step))
+        half = size // 2
+        lo = lo if nr & dist == 0 else lo + half
+        size, tbase, dist, step = half, tbase + half, dist // 2, step + 1
+    prog += [_grant(real(nr ^ d), st) for (_, _, _, d, st) in plan]
+    for lo_, size_, tb, d, st in plan:
+        half = size_ // 2
+        keep = lo_ if nr & d == 0 else lo_ + half
+        give = lo_ + half if nr & d == 0 else lo_
+        prog.append(_send(real(nr ^ d), give, st, TMP, count=half, xchunk=tb))
+        prog.append(_recv_reduce(real(nr ^ d), keep, st, count=half, xchunk=tb))
+    # Doubling: mirror the plan; each step sends what this rank owns to the partner,
+    # which is exactly the region that partner does not own yet.
+    own_lo, own = lo, size
+    for lo_, size_, _tb, d, st in reversed(plan):
+        partner_lo = lo_ if own_lo != lo_ else lo_ + size_ // 2
+        prog.append(_grant(real(nr ^ d), st + p.bit_length()))
+        prog.append(_send(real(nr ^ d), own_lo, st + p.bit_length(), OUT, count=own))
+        prog.append(_recv(real(nr ^ d), partner_lo, st + p.bit_length(), count=own))
+        own_lo, own = lo_, size_
+    if rank < 2 * rem:
+        prog.append(_send(rank - 1, 0, final_step, OUT, count=p))
+    return [*prog, DONE]
+
+
+def alltoall(rank: int, world: int) -> list[Instr]:
+    """Pairwise exchange: step s sends to rank+s and receives from rank-s."""
+    prog = _setup(world, chunk=rank, count=1)
+    prog += [_grant((rank - s) % world, s) for s in range(1, world)]
+    for s in range(1, world):
+        dst, src = (rank + s) % world, (rank - s) % world
+        prog.append(_send(dst, dst, s, OUT, xchunk=rank, src=IN))
+        prog.append(_recv(src, src, s))
+    return [*prog, DONE]
+
+
+def hierarchical_allreduce(rank: int, world: int, rows: int) -> list[Instr]:
+    """2D allreduce on a ``rows`` x ``world/rows`` grid, added purely as a program:
+    ring reduce-scatter along the row, ring allreduce of the owned block down the column
+    (its own scratch, TMP2, so it cannot collide with row traffic), ring allgather back
+    along the row."""
+    if world % rows:
+        raise ValueError(f"world {world} is not a multiple of rows {rows}")
+    cols = world // rows
+    row, col = divmod(rank, cols)
+    row_ranks = [row * cols + c for c in range(cols)]
+    col_ranks = [r * cols + col for r in range(rows)]
+    pos = row_ranks.index(rank)
+    prog = _setup(rows * cols)
+    prog += _ring_rs(row_ranks, rank, rows, 0, TMP)
+    # Column phase on the block this rank owns: blocks are `rows` chunks, one per column
+    # member, so the column ring runs over single chunks inside the block.
+    col_prog = _ring_rs(col_ranks, rank, 1, cols, TMP2) + _ring_ag(col_ranks, rank, 1,
+                                                                    cols + rows)
+    for ins in col_prog:
+        if ins.op in (SeqOp.SEND, SeqOp.RECV, SeqOp.RECV_REDUCE):
+            ins = Instr(ins.op, ins.buf, ins.src, ins.rbuf, ins.peer,
+                        ins.chunk + pos * rows, ins.count, ins.xchunk + pos * rows, ins.step)
+        prog.append(ins)
+    prog += _ring_ag(row_ranks, rank, rows, cols + 2 * rows)
+    return [*prog, DONE]
+
+
+LIBRARY = {
+    "ring_allreduce": ring_allreduce,
+    "rhd_allreduce": rhd_allreduce,
+    "ring_reduce_scatter": ring_reduce_scatter,
+    "ring_allgather": ring_allgather,
+    "chain_broadcast": chain_broadcast,
+    "chain_reduce": chain_reduce,
+    "alltoall": alltoall,
+    "hierarchical_allreduce": hierarchical_allreduce,
+}
