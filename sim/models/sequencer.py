@@ -28,8 +28,10 @@ class _Rank:
     bufs: dict[Buf, np.ndarray]
     pc: int = 0
     nchunks: int = 1
-    granted: set = field(default_factory=set)   # (peer, step) this rank may send
-    landed: set = field(default_factory=set)    # (peer, step) fully arrived here
+    # Per peer, in arrival order: hardware keeps only a counter per peer, so a program
+    # must consume grants and messages from one peer in the order that peer sent them.
+    granted: dict = field(default_factory=dict)  # peer -> deque of granted steps
+    landed: dict = field(default_factory=dict)   # peer -> deque of landed steps
     allowed: set = field(default_factory=set)   # (peer, step) this rank has granted
     done: bool = False
 
@@ -98,16 +100,14 @@ class SequencerModel:
             r.allowed.add((ins.peer, ins.step))
             self._post(_Msg(idx, ins.peer, ins.step, grant=True))
         elif op is SeqOp.SEND:
-            if (ins.peer, ins.step) not in r.granted:
+            if not self._take(idx, r.granted, ins, "grant"):
                 return False
-            r.granted.discard((ins.peer, ins.step))
             s = self._span(r, ins.chunk, ins.count)
             self._post(_Msg(idx, ins.peer, ins.step, grant=False, rbuf=ins.rbuf,
                             lo=ins.xchunk, data=r.bufs[ins.src][s].copy()))
         elif op in (SeqOp.RECV, SeqOp.RECV_REDUCE):
-            if (ins.peer, ins.step) not in r.landed:
+            if not self._take(idx, r.landed, ins, "message"):
                 return False
-            r.landed.discard((ins.peer, ins.step))
             if op is SeqOp.RECV_REDUCE:
                 s = self._span(r, ins.chunk, ins.count)
                 lo = ins.xchunk * chunk_size(self.n, r.nchunks)
@@ -122,6 +122,17 @@ class SequencerModel:
         self.instructions += 1
         return True
 
+    @staticmethod
+    def _take(idx: int, queues: dict, ins: Instr, what: str) -> bool:
+        q = queues.get(ins.peer)
+        if not q:
+            return False
+        if q[0] != ins.step:
+            raise ProgramError(f"rank {idx}: waits for {what} step {ins.step} from rank "
+                               f"{ins.peer}, but step {q[0]} arrived first")
+        q.popleft()
+        return True
+
     def _deliver(self, key: tuple[int, int]) -> None:
         msg = self.links[key].popleft()
         if not self.links[key]:
@@ -129,7 +140,7 @@ class SequencerModel:
         dst = self.ranks[msg.dst]
         self.messages += 1
         if msg.grant:
-            dst.granted.add((msg.src, msg.step))
+            dst.granted.setdefault(msg.src, deque()).append(msg.step)
             return
         if (msg.src, msg.step) not in dst.allowed:
             raise ProgramError(f"rank {msg.src} step {msg.step} landed on rank {msg.dst} "
@@ -137,7 +148,7 @@ class SequencerModel:
         dst.allowed.discard((msg.src, msg.step))
         lo = msg.lo * chunk_size(self.n, dst.nchunks)
         dst.bufs[msg.rbuf][lo:lo + len(msg.data)] = msg.data
-        dst.landed.add((msg.src, msg.step))
+        dst.landed.setdefault(msg.src, deque()).append(msg.step)
 
     def run(self, max_events: int = 1_000_000) -> list[np.ndarray]:
         """Run every rank to DONE; return each rank's OUT buffer."""
