@@ -1,0 +1,345 @@
+"""RC responder: PSN check, in-order RDMA WRITE acceptance, memory-key protection, and
+coalesced ACK / NAK generation. The gateware twin of the receive half of
+:class:`fpgaccl.host.qp.QueuePair` (same drop reasons, same AETH syndromes and PSNs).
+
+Per received header (from the parser, payload after it on ``data``):
+
+* unknown or not-ready QPN: dropped, ``BAD_QPN``;
+* PSN behind the expected one: a retransmission, dropped (``PSN_DUPLICATE``) and an ACK
+  of ``epsn - 1`` scheduled, so a requester whose ACK was lost learns how far we got;
+* PSN ahead: dropped (``PSN_OUT_OF_ORDER``); one NAK PSN-sequence-error carrying the
+  expected PSN per gap (``nak_sent`` suppresses repeats until an in-order packet);
+* in order: a FIRST/ONLY looks its RETH rkey up in the region table (key, then
+  remote-write right, then ``[va, va+dlen)`` inside the region); a failure is counted
+  (``BAD_RKEY``/``ACCESS_DENIED``/``OUT_OF_BOUNDS``), writes nothing and NAKs
+  remote-access-error. MIDDLE/LAST must continue an open message and may not overrun
+  its ``dlen``; LAST/ONLY must end it exactly. Accepted payload streams to ``wr``.
+
+ACKs are coalesced: accepted packets only set a per-QP "ACK owed" flag, raised by the
+BTH AckReq bit (the requester sets it on a message's last packet and periodically), by
+a duplicate, or every ``ack_every`` accepted packets; one ACK of the newest in-order PSN
+answers all that piled up while the transmit port was busy.
+
+Simplifications (documented for the DMA/node issues): an ACK is sent once the payload
+is handed to ``wr`` (posted writes, in order), not when memory confirms it; there is one
+protection domain (any QP may use any region); the address written is the RETH virtual
+address itself (the DMA's address translation sits behind ``wr``).
+"""
+
+from __future__ import annotations
+
+from amaranth.hdl import Cat, Const, Module, Mux, Signal
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from fpgaccl.hw.stream.beat import beat_stream
+from fpgaccl.proto.drops import DROP_COUNTER_BITS, DropReason
+from fpgaccl.proto.opcodes import (
+    ACK_CREDIT_INVALID,
+    FIRST_OPCODES,
+    LAST_OPCODES,
+    ONLY_OPCODES,
+    AethKind,
+    NakCode,
+    Opcode,
+    aeth_syndrome,
+)
+
+from .common import behind, pick, psn_sub, qp_lookup, sat_inc
+from .layouts import (
+    HDR,
+    RECV_CMPL,
+    QPState,
+    mem_write_layout,
+    mr_ctl_layout,
+    qp_ctl_layout,
+)
+
+WRITE_OPS = {int(o) for o in Opcode if o.name.startswith("RDMA_WRITE")}
+_FIRST = {int(o) for o in FIRST_OPCODES | ONLY_OPCODES} & WRITE_OPS
+_END = {int(o) for o in LAST_OPCODES | ONLY_OPCODES} & WRITE_OPS
+_IMM = {int(Opcode.RDMA_WRITE_LAST_WITH_IMMEDIATE), int(Opcode.RDMA_WRITE_ONLY_WITH_IMMEDIATE)}
+ACK_SYNDROME = aeth_syndrome(AethKind.ACK, ACK_CREDIT_INVALID)
+N_DROPS = len(DropReason)
+
+
+def _in_set(m: Module, v, values, name: str) -> Signal:
+    s = Signal(name=name)
+    with m.Switch(v):
+        for x in sorted(values):
+            with m.Case(x):
+                m.d.comb += s.eq(1)
+    return s
+
+
+class Responder(wiring.Component):
+    """See the module docstring. ``hdr`` takes non-ACK headers only (the transport's
+    receive router sends ACKs to the requester)."""
+
+    def __init__(self, width: int, *, nqp: int = 8, nmr: int = 8, ack_every: int = 16) -> None:
+        self.width = width
+        self.nqp = nqp
+        self.nmr = nmr
+        self.ack_every = ack_every
+        super().__init__({
+            "hdr": In(stream.Signature(HDR)),
+            "data": In(beat_stream(width)),
+            "ack": Out(stream.Signature(HDR)),
+            "wr": Out(stream.Signature(mem_write_layout(width))),
+            "cmpl": Out(stream.Signature(RECV_CMPL)),
+            "qp_ctl": In(qp_ctl_layout(nqp)),
+            "mr_ctl": In(mr_ctl_layout(nmr)),
+            "drops": Out(data.ArrayLayout(DROP_COUNTER_BITS, N_DROPS)),
+            "accepted": Out(32),
+            "acks_tx": Out(32),
+            "naks_tx": Out(32),
+        })
+
+    def elaborate(self, platform) -> Module:
+        m = Module()
+        nqp, nmr, nbytes = self.nqp, self.nmr, self.width // 8
+
+        # Per-QP responder context.
+        def per_qp(width, name):
+            return [Signal(width, name=f"{name}{i}") for i in range(nqp)]
+
+        epsn, msn = per_qp(24, "epsn"), per_qp(24, "msn")
+        nak_sent, ack_owed, nak_owed = per_qp(1, "nak_sent"), per_qp(1, "ack_owed"), per_qp(
+            1, "nak_owed")
+        nak_code, nak_psn = per_qp(5, "nak_code"), per_qp(24, "nak_psn")
+        since = per_qp(16, "since_ack")
+        w_open, w_va, w_rem = per_qp(1, "w_open"), per_qp(64, "w_va"), per_qp(32, "w_rem")
+        m_va, m_len = per_qp(64, "m_va"), per_qp(32, "m_len")
+
+        # ACK/NAK generator: round-robin over QPs owing one; a NAK goes before the ACK.
+        # It comes first in this function so that, for the same flag in the same cycle,
+        # the receive FSM's "set" below overrides its "clear" and no owed ACK is lost.
+        a = Signal(range(max(nqp, 2)))
+        free = ~self.ack.valid | self.ack.ready
+        with m.If(self.ack.ready):
+            m.d.sync += self.ack.valid.eq(0)
+        out = self.ack.payload
+        with m.If(free):
+            m.d.sync += a.eq(Mux(a == nqp - 1, 0, a + 1))
+            for i in range(nqp):
+                with m.If((a == i) & (ack_owed[i] | nak_owed[i])):
+                    ctl = self.qp_ctl[i]
+                    m.d.sync += [
+                        self.ack.valid.eq(1),
+                        out.bth.eq(0),
+                        out.bth.opcode.eq(Opcode.ACKNOWLEDGE),
+                        out.bth.pkey.eq(0xFFFF),
+                        out.bth.dqpn.eq(ctl.remote_qpn.value[:24]),
+                        out.reth.eq(0), out.immdt.eq(0),
+                        out.has_aeth.eq(1), out.has_reth.eq(0), out.has_immdt.eq(0),
+                        out.payload_len.eq(0),
+                        out.qp.eq(i),
+                        out.aeth.msn.eq(msn[i]),
+                    ]
+                    with m.If(nak_owed[i]):
+                        m.d.sync += [out.bth.psn.eq(nak_psn[i]),
+                                     out.aeth.syndrome.eq(
+                                         Const(int(AethKind.NAK) << 5, 8) | nak_code[i]),
+                                     nak_owed[i].eq(0)]
+                        sat_inc(m, self.naks_tx)
+                    with m.Else():
+                        m.d.sync += [out.bth.psn.eq(epsn[i] - 1),
+                                     out.aeth.syndrome.eq(ACK_SYNDROME),
+                                     ack_owed[i].eq(0), since[i].eq(0)]
+                        sat_inc(m, self.acks_tx)
+
+        # Header stage: one header waits here, with its QP and region lookups computed
+        # from flops, while the previous packet's payload still streams.
+        hq = Signal(HDR)
+        hq_v = Signal()
+        take = Signal()
+        m.d.comb += self.hdr.ready.eq(~hq_v | take)
+        with m.If(take):
+            m.d.sync += hq_v.eq(0)
+        with m.If(self.hdr.valid & self.hdr.ready):
+            m.d.sync += [hq.eq(self.hdr.payload), hq_v.eq(1)]
+
+        hit, idx = qp_lookup(m, self.qp_ctl, nqp, hq.bth.dqpn, QPState.RTR, "rx_qp")
+        k_hit, k_right, k_bound = Signal(nmr), Signal(nmr), Signal(nmr)
+        for j in range(nmr):
+            mr = self.mr_ctl[j]
+            base = Cat(mr.base_lo.value, mr.base_hi.value)
+            m.d.comb += [
+                k_hit[j].eq((mr.key.value == hq.reth.rkey) & (mr.length.value != 0)),
+                k_right[j].eq(mr.access.remote_write),
+                k_bound[j].eq((hq.reth.va >= base)
+                              & (hq.reth.va + hq.reth.dlen <= base + mr.length.value)),
+            ]
+        first_key = Signal(range(max(nmr, 2)))
+        for j in reversed(range(nmr)):
+            with m.If(k_hit[j]):
+                m.d.comb += first_key.eq(j)
+
+        h = Signal(HDR)
+        q_hit, q = Signal(), Signal(range(max(nqp, 2)))
+        key_ok, right_ok, bound_ok = Signal(), Signal(), Signal()
+
+        def take_next():
+            """Move the waiting header (if any) into the check stage; returns nothing,
+            sets the next state."""
+            m.next = "IDLE"
+            with m.If(hq_v):
+                m.d.comb += take.eq(1)
+                m.d.sync += [h.eq(hq), q_hit.eq(hit), q.eq(idx), key_ok.eq(k_hit.any()),
+                             right_ok.eq(k_right.bit_select(first_key, 1)),
+                             bound_ok.eq(k_bound.bit_select(first_key, 1))]
+                m.next = "CHECK"
+
+        opcode = h.bth.opcode
+        is_write = _in_set(m, opcode, WRITE_OPS, "is_write")
+        is_first = _in_set(m, opcode, _FIRST, "is_first")
+        is_end = _in_set(m, opcode, _END, "is_end")
+        is_imm = _in_set(m, opcode, _IMM, "is_imm")
+
+        cur_epsn = pick(epsn, q, 24, m, "cur_epsn")
+        cur_nak_sent = pick(nak_sent, q, 1, m, "cur_nak_sent")
+        cur_open = pick(w_open, q, 1, m, "cur_open")
+        cur_va = pick(w_va, q, 64, m, "cur_va")
+        cur_rem = pick(w_rem, q, 32, m, "cur_rem")
+        cur_mva = pick(m_va, q, 64, m, "cur_mva")
+        cur_mlen = pick(m_len, q, 32, m, "cur_mlen")
+        cur_msn = pick(msn, q, 24, m, "cur_msn")
+        cur_since = pick(since, q, 16, m, "cur_since")
+        d = psn_sub(m, h.bth.psn, cur_epsn, "rx_d")
+        rem = Signal(32)
+        va = Signal(64)
+        m.d.comb += [rem.eq(Mux(is_first, h.reth.dlen, cur_rem)),
+                     va.eq(Mux(is_first, h.reth.va, cur_va))]
+        n = h.payload_len
+        len_bad = Signal()
+        m.d.comb += len_bad.eq((n > rem) | (is_end & (n != rem)))
+        has_payload = h.payload_len != 0
+        w_addr = Signal(64)
+
+        def count(reason):
+            sat_inc(m, self.drops[reason])
+
+        def set_q(sigs, value):
+            for i, s in enumerate(sigs):
+                with m.If(q == i):
+                    m.d.sync += s.eq(value)
+
+        def nak(code, psn):
+            set_q(nak_owed, 1)
+            set_q(nak_code, code)
+            set_q(nak_psn, psn)
+            set_q(nak_sent, 1)
+
+        def after(accept):
+            with m.If(has_payload):
+                m.next = "WRITE" if accept else "DRAIN"
+            with m.Else():
+                take_next()
+
+        with m.If(self.cmpl.ready):
+            m.d.sync += self.cmpl.valid.eq(0)
+        wr_free = ~self.wr.valid | self.wr.ready
+        with m.If(self.wr.ready):
+            m.d.sync += self.wr.valid.eq(0)
+
+        with m.FSM(name="rx"):
+            with m.State("IDLE"):
+                take_next()
+
+            # One receive-completion slot, registered: CHECK waits until it is free.
+            with m.State("CHECK"), m.If(~self.cmpl.valid):
+                with m.If(~q_hit):
+                    count(DropReason.BAD_QPN)
+                    after(False)
+                with m.Elif(~is_write):
+                    count(DropReason.UNKNOWN_OPCODE)
+                    after(False)
+                with m.Elif(behind(d)):
+                    count(DropReason.PSN_DUPLICATE)
+                    set_q(ack_owed, 1)
+                    after(False)
+                with m.Elif(d != 0):
+                    count(DropReason.PSN_OUT_OF_ORDER)
+                    with m.If(~cur_nak_sent):
+                        nak(NakCode.PSN_SEQUENCE_ERROR, cur_epsn)
+                    after(False)
+                with m.Elif(is_first & ~key_ok):
+                    count(DropReason.BAD_RKEY)
+                    nak(NakCode.REMOTE_ACCESS_ERROR, h.bth.psn)
+                    after(False)
+                with m.Elif(is_first & ~right_ok):
+                    count(DropReason.ACCESS_DENIED)
+                    nak(NakCode.REMOTE_ACCESS_ERROR, h.bth.psn)
+                    after(False)
+                with m.Elif(is_first & ~bound_ok):
+                    count(DropReason.OUT_OF_BOUNDS)
+                    nak(NakCode.REMOTE_ACCESS_ERROR, h.bth.psn)
+                    after(False)
+                with m.Elif(~is_first & ~cur_open):
+                    # MIDDLE/LAST with no FIRST before it, as the host model treats it.
+                    count(DropReason.ACCESS_DENIED)
+                    nak(NakCode.INVALID_REQUEST, h.bth.psn)
+                    after(False)
+                with m.Elif(len_bad):
+                    count(DropReason.OUT_OF_BOUNDS)
+                    set_q(w_open, 0)
+                    nak(NakCode.REMOTE_ACCESS_ERROR, h.bth.psn)
+                    after(False)
+                with m.Else():
+                    sat_inc(m, self.accepted)
+                    set_q(epsn, h.bth.psn + 1)
+                    set_q(nak_sent, 0)
+                    set_q(w_va, va + n)
+                    set_q(w_rem, rem - n)
+                    set_q(w_open, ~is_end)
+                    with m.If(is_first):
+                        set_q(m_va, h.reth.va)
+                        set_q(m_len, h.reth.dlen)
+                    owe = h.bth.ackreq | is_end
+                    if self.ack_every:
+                        owe = owe | (cur_since + 1 >= self.ack_every)
+                    set_q(since, cur_since + 1)
+                    with m.If(owe):
+                        set_q(ack_owed, 1)
+                    with m.If(is_end):
+                        set_q(msn, cur_msn + 1)
+                        m.d.sync += [
+                            self.cmpl.valid.eq(1),
+                            self.cmpl.payload.qp.eq(q),
+                            self.cmpl.payload.va.eq(Mux(is_first, h.reth.va, cur_mva)),
+                            self.cmpl.payload.len.eq(Mux(is_first, h.reth.dlen, cur_mlen)),
+                            self.cmpl.payload.imm.eq(h.immdt.imm),
+                            self.cmpl.payload.has_imm.eq(is_imm),
+                        ]
+                    m.d.sync += w_addr.eq(va)
+                    after(True)
+
+            with m.State("DRAIN"):
+                m.d.comb += self.data.ready.eq(1)
+                with m.If(self.data.valid & self.data.payload.last):
+                    take_next()
+
+            # Payload to memory through a one-entry pipeline register: full rate, and
+            # ``wr`` is driven from flops only.
+            with m.State("WRITE"):
+                m.d.comb += self.data.ready.eq(wr_free)
+                with m.If(self.data.valid & wr_free):
+                    beat = self.data.payload
+                    m.d.sync += [
+                        self.wr.valid.eq(1),
+                        self.wr.payload.addr.eq(w_addr),
+                        self.wr.payload.data.eq(beat.data),
+                        self.wr.payload.keep.eq(beat.keep),
+                        self.wr.payload.last.eq(beat.last),
+                        w_addr.eq(w_addr + nbytes),
+                    ]
+                    with m.If(beat.last):
+                        take_next()
+
+        for i in range(nqp):
+            # Software owns the context until it moves the QP to RTR (last: it wins).
+            with m.If(self.qp_ctl[i].state.state < QPState.RTR):
+                m.d.sync += [epsn[i].eq(self.qp_ctl[i].expected_psn.value[:24]), msn[i].eq(0),
+                             nak_sent[i].eq(0), ack_owed[i].eq(0), nak_owed[i].eq(0),
+                             w_open[i].eq(0), since[i].eq(0)]
+        return m
