@@ -176,7 +176,8 @@ def rhd_allreduce(rank: int, world: int) -> list[Instr]:
 
 
 def alltoall(rank: int, world: int) -> list[Instr]:
-    """Pairwise exchange: step s sends to rank+s and receives from rank-s."""
+    """Pairwise exchange: step s sends to rank+s and receives from rank-s. The element
+    count must be a multiple of ``world`` (one equal block per peer)."""
     prog = _setup(world, chunk=rank, count=1)
     prog += [_grant((rank - s) % world, s) for s in range(1, world)]
     for s in range(1, world):

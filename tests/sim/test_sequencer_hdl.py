@@ -1,0 +1,13 @@
+"""The HDL sequencer runs every library program on up to 8 ranks (Verilator), with a
+Python datapath, and matches the executable model bit for bit."""
+
+import pytest
+
+from fpgaccl.sim.runner import build_and_run
+from fpgaccl.sim.sequencer_array import SequencerArray
+
+
+@pytest.mark.slow
+def test_sequencer_array_runs_the_library():
+    build_and_run(SequencerArray(8), "sequencer_array8", "fpgaccl.sim.benches.sequencer_array",
+                  params={"worlds": [1, 2, 3, 4, 5, 8]})
