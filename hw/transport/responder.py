@@ -108,6 +108,9 @@ class Responder(wiring.Component):
             1, "nak_owed")
         nak_code, nak_psn = per_qp(5, "nak_code"), per_qp(24, "nak_psn")
         since = per_qp(16, "since_ack")
+        # Newest PSN whose payload memory has taken: what an ACK may claim (epsn - 1
+        # runs ahead of it while a packet's payload is still streaming).
+        done = per_qp(24, "done_psn")
         w_open, w_va, w_rem = per_qp(1, "w_open"), per_qp(64, "w_va"), per_qp(32, "w_rem")
         m_va, m_len = per_qp(64, "m_va"), per_qp(32, "m_len")
 
@@ -143,9 +146,9 @@ class Responder(wiring.Component):
                                      nak_owed[i].eq(0)]
                         sat_inc(m, self.naks_tx)
                     with m.Else():
-                        m.d.sync += [out.bth.psn.eq(epsn[i] - 1),
+                        m.d.sync += [out.bth.psn.eq(done[i]),
                                      out.aeth.syndrome.eq(ACK_SYNDROME),
-                                     ack_owed[i].eq(0), since[i].eq(0)]
+                                     ack_owed[i].eq(0)]
                         sat_inc(m, self.acks_tx)
 
         # Header stage: one header waits here, with its QP and region lookups computed
@@ -242,12 +245,26 @@ class Responder(wiring.Component):
         with m.If(self.wr.ready):
             m.d.sync += self.wr.valid.eq(0)
 
+        # ACK and receive completion only once the packet's last beat is in memory's
+        # hands: a requester's completion must mean the bytes are placed.
+        pend, pend_owe, pend_cmpl = Signal(), Signal(), Signal()
+        pend_q = Signal(range(max(nqp, 2)))
+        pend_psn = Signal(24)
+        with m.If(pend & self.wr.valid & self.wr.ready & self.wr.payload.last):
+            m.d.sync += [pend.eq(0), self.cmpl.valid.eq(pend_cmpl)]
+            for i in range(nqp):
+                with m.If(pend_q == i):
+                    m.d.sync += done[i].eq(pend_psn)
+                    with m.If(pend_owe):
+                        m.d.sync += ack_owed[i].eq(1)
+
         with m.FSM(name="rx"):
             with m.State("IDLE"):
                 take_next()
 
-            # One receive-completion slot, registered: CHECK waits until it is free.
-            with m.State("CHECK"), m.If(~self.cmpl.valid):
+            # One receive-completion slot, registered, and one packet awaiting its
+            # write: CHECK waits until both are free.
+            with m.State("CHECK"), m.If(~self.cmpl.valid & ~pend):
                 with m.If(~q_hit):
                     count(DropReason.BAD_QPN)
                     after(False)
@@ -298,19 +315,25 @@ class Responder(wiring.Component):
                     owe = h.bth.ackreq | is_end
                     if self.ack_every:
                         owe = owe | (cur_since + 1 >= self.ack_every)
-                    set_q(since, cur_since + 1)
-                    with m.If(owe):
-                        set_q(ack_owed, 1)
+                    # The count restarts when an ACK is decided, not when it leaves.
+                    set_q(since, Mux(owe, 0, cur_since + 1))
                     with m.If(is_end):
                         set_q(msn, cur_msn + 1)
-                        m.d.sync += [
-                            self.cmpl.valid.eq(1),
-                            self.cmpl.payload.qp.eq(q),
-                            self.cmpl.payload.va.eq(Mux(is_first, h.reth.va, cur_mva)),
-                            self.cmpl.payload.len.eq(Mux(is_first, h.reth.dlen, cur_mlen)),
-                            self.cmpl.payload.imm.eq(h.immdt.imm),
-                            self.cmpl.payload.has_imm.eq(is_imm),
-                        ]
+                    m.d.sync += [
+                        self.cmpl.payload.qp.eq(q),
+                        self.cmpl.payload.va.eq(Mux(is_first, h.reth.va, cur_mva)),
+                        self.cmpl.payload.len.eq(Mux(is_first, h.reth.dlen, cur_mlen)),
+                        self.cmpl.payload.imm.eq(h.immdt.imm),
+                        self.cmpl.payload.has_imm.eq(is_imm),
+                    ]
+                    with m.If(has_payload):
+                        m.d.sync += [pend.eq(1), pend_q.eq(q), pend_owe.eq(owe),
+                                     pend_cmpl.eq(is_end), pend_psn.eq(h.bth.psn)]
+                    with m.Else():
+                        set_q(done, h.bth.psn)
+                        with m.If(owe):
+                            set_q(ack_owed, 1)
+                        m.d.sync += self.cmpl.valid.eq(is_end)
                     m.d.sync += w_addr.eq(va)
                     after(True)
 
@@ -339,7 +362,8 @@ class Responder(wiring.Component):
         for i in range(nqp):
             # Software owns the context until it moves the QP to RTR (last: it wins).
             with m.If(self.qp_ctl[i].state.state < QPState.RTR):
-                m.d.sync += [epsn[i].eq(self.qp_ctl[i].expected_psn.value[:24]), msn[i].eq(0),
+                psn0 = self.qp_ctl[i].expected_psn.value[:24]
+                m.d.sync += [epsn[i].eq(psn0), done[i].eq(psn0 - 1), msn[i].eq(0),
                              nak_sent[i].eq(0), ack_owed[i].eq(0), nak_owed[i].eq(0),
                              w_open[i].eq(0), since[i].eq(0)]
         return m
