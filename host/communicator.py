@@ -162,7 +162,8 @@ class Communicator:
                        remote_rkey=theirs["rkey"])
         self.peers = [(t["ip"], t["port"]) for t in table]
         self._coll = 0
-        self._p2p = [0] * world_size
+        self._p2p_send = [0] * world_size
+        self._p2p_recv = [0] * world_size
         self._lock = threading.Lock()
         self._closed = False
         self.engine.start()
@@ -455,7 +456,7 @@ class Communicator:
         self._check_open()
         dst = self._peer(dst, "dst")
         b = as_buffer(buf, "buf")
-        seq = self._p2p_next(dst)
+        seq = self._p2p_next(self._p2p_send, dst)
         arr = b.array
 
         def program() -> alg.Program:
@@ -467,7 +468,7 @@ class Communicator:
         self._check_open()
         src = self._peer(src, "src")
         b = as_buffer(buf, "buf", writable=True)
-        seq = self._p2p_next(src)
+        seq = self._p2p_next(self._p2p_recv, src)
         arr = b.array
 
         def program() -> alg.Program:
@@ -475,10 +476,11 @@ class Communicator:
 
         return self._submit("recv", program(), self._out(b, buf), [b], async_op)
 
-    def _p2p_next(self, peer: int) -> int:
+    def _p2p_next(self, counters: list[int], peer: int) -> int:
+        # One counter per direction and peer: sends to j pair with j's receives from us.
         with self._lock:
-            self._p2p[peer] = (self._p2p[peer] + 1) & 0xFFFF
-            return self._p2p[peer]
+            counters[peer] = (counters[peer] + 1) & 0xFFFF
+            return counters[peer]
 
     # ------------------------------------------------------------------ introspection
     def drop_counters(self) -> dict[str, int]:
