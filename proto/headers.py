@@ -69,7 +69,8 @@ IMMDT = Header("ImmDt", (
 
 COLLECTIVE_IMM = Header("CollectiveImm", (
     Field("coll_id", 16, 0, "collective call number, wraps at 2^16"),
-    Field("step", 16, 0, "algorithm step that produced this message"),
+    Field("grant", 1, 0, "1: a zero-length credit (sequencer GRANT), 0: data"),
+    Field("step", 15, 0, "algorithm step (sequencer message tag)"),
 ), "fpgaccl's meaning of the 32 immediate bits of a collective message")
 
 ICRC_BYTES = 4

@@ -145,9 +145,15 @@ class RegisterMap:
         return iter(sorted(rows, key=lambda row: row[0]))
 
 
-def default_map(*, qps: int = 8, regions: int = 8, imem_words: int = 256) -> RegisterMap:
-    """The register map of a node with ``qps`` queue pairs and ``regions`` memory
-    regions; the parameters match the build's."""
+DMA_MAX_OUTSTANDING = 16
+GPU_PAGE_BITS = 16  # GPUDirect RDMA pins GPU memory in 64 KiB pages
+
+
+def default_map(*, qps: int = 8, regions: int = 8, imem_words: int = 256,
+                dma_host_windows: int = 4, gpu_pages: int = 256) -> RegisterMap:
+    """The register map of a node with ``qps`` queue pairs, ``regions`` memory
+    regions, ``dma_host_windows`` host DMA windows and a GPU-peer page table of
+    ``gpu_pages`` entries; the parameters match the build's."""
     RO, RW, WO, RC = Access.RO, Access.RW, Access.WO, Access.RC
     return RegisterMap((
         Block("ctrl", 0x0000, (
@@ -204,10 +210,92 @@ def default_map(*, qps: int = 8, regions: int = 8, imem_words: int = 256) -> Reg
                 RegField("space", 1, "0 host memory, 1 GPU-peer window"),
             )),
         ), "memory regions, one copy per region", count=regions, stride=0x20),
+        Block("coll", 0x0200, (
+            *(Register(f"{buf}_{half}", 8 * i + 4 * j, RW,
+                       f"{buf.upper()} buffer address bits {'31:0' if j == 0 else '63:32'}")
+              for i, buf in enumerate(("in", "out", "tmp", "tmp2"))
+              for j, half in enumerate(("lo", "hi"))),
+            Register("count", 0x20, RW, "elements in the collective (the programs' n)"),
+        ), "the running collective: local buffers the sequencer's IN/OUT/TMP/TMP2 name"),
+        Block("peer", 0x4000, (
+            *(Register(f"{buf}_{half}", 8 * i + 4 * j, RW,
+                       f"peer's {buf.upper()} buffer address bits "
+                       f"{'31:0' if j == 0 else '63:32'}")
+              for i, buf in enumerate(("in", "out", "tmp", "tmp2"))
+              for j, half in enumerate(("lo", "hi"))),
+            *(Register(f"{buf}_key", 0x20 + 4 * i, RW, f"rkey of the peer's {buf.upper()}")
+              for i, buf in enumerate(("in", "out", "tmp", "tmp2"))),
+        ), "per peer rank: where its buffers are, exchanged at rendezvous (QP i = rank i)",
+            count=qps, stride=0x40),
+        Block("dma", 0x4000, _dma_registers(),
+              "DMA engine: submission/completion queues in memory, the GPU completion "
+              "flag, the GPU window base, outstanding-request limits and fault counters"),
+        Block("dma_host", 0x4100, (
+            Register("base_lo", 0x00, RW, "window start (host bus address) bits 31:0"),
+            Register("base_hi", 0x04, RW, "window start bits 63:32"),
+            Register("length", 0x08, RW, "window length in bytes; 0 disables the window"),
+            Register("access", 0x0C, RW, "what the engine may do in the window", (
+                RegField("read", 1, "DMA reads allowed"),
+                RegField("write", 1, "DMA writes allowed"),
+            )),
+        ), "host-memory DMA windows (identity-mapped IOVA ranges), one copy per window",
+            count=dma_host_windows, stride=0x10),
+        Block("dma_gpt", 0x6000, tuple(
+            Register(f"pte{i}", 4 * i, RW, f"GPU page {i}: GPU VA gpu_va + {i} * 64 KiB", (
+                RegField("valid", 1, "the page is pinned and mapped"),
+                RegField("read", 1, "DMA reads allowed"),
+                RegField("write", 1, "DMA writes allowed"),
+                RegField("page", 29, "bus address bits 44:16 of the pinned page"),
+            )) for i in range(gpu_pages)),
+            "GPU-peer window page table, as GPUDirect-RDMA registration installs it",
+            memory=True),
         Block("imem", 0x8000, tuple(
             Register(f"word{i}", 4 * i, RW, "sequencer instruction memory word")
             for i in range(imem_words)), "sequencer program memory", memory=True),
     ))
+
+
+def _dma_registers() -> tuple[Register, ...]:
+    RO, RW, WO, RC = Access.RO, Access.RW, Access.WO, Access.RC
+    ring = (RegField("log2_size", 4, "ring holds 2**log2_size entries"),
+            RegField("space", 1, "0 host memory, 1 GPU-peer window"))
+    return (
+        Register("control", 0x00, RW, "DMA control", (
+            RegField("enable", 1, "process the submission queue"),
+            RegField("max_rd", 5, "read bursts in flight (1..16)", reset=DMA_MAX_OUTSTANDING),
+            RegField("max_wr", 5, "write bursts in flight (1..16)", reset=DMA_MAX_OUTSTANDING),
+        )),
+        Register("status", 0x04, RO, "DMA status", (
+            RegField("busy", 1, "a work request is in progress"),
+            RegField("error", 1, "a queue access faulted; the engine stopped (clear: "
+                     "disable then enable)"),
+        )),
+        Register("sq_base_lo", 0x08, RW, "submission ring address bits 31:0 (64 B entries)"),
+        Register("sq_base_hi", 0x0C, RW, "submission ring address bits 63:32"),
+        Register("sq_cfg", 0x10, RW, "submission ring geometry", ring),
+        Register("sq_tail", 0x14, WO, "doorbell: producer index (free-running, 16 bits); "
+                 "the host or a GPU kernel (through the peer window) writes it", (
+                     RegField("index", 16, "entries posted so far, modulo 2**16"),)),
+        Register("sq_head", 0x18, RO, "entries consumed so far, modulo 2**16"),
+        Register("cq_base_lo", 0x1C, RW, "completion ring address bits 31:0 (16 B entries)"),
+        Register("cq_base_hi", 0x20, RW, "completion ring address bits 63:32"),
+        Register("cq_cfg", 0x24, RW, "completion ring geometry", ring),
+        Register("cq_head", 0x28, RW, "completions consumed by software, modulo 2**16"),
+        Register("cq_tail", 0x2C, RO, "completions written, modulo 2**16"),
+        Register("flag_lo", 0x30, RW, "completion flag address bits 31:0 (8 B counter)"),
+        Register("flag_hi", 0x34, RW, "completion flag address bits 63:32"),
+        Register("flag_cfg", 0x38, RW, "completion flag write-back", (
+            RegField("enable", 1, "write the completion count after every CQE"),
+            RegField("space", 1, "0 host memory, 1 GPU-peer window"),
+        )),
+        Register("gpu_va_lo", 0x3C, RW, "GPU VA of page-table entry 0, bits 31:0 "
+                 "(64 KiB aligned)"),
+        Register("gpu_va_hi", 0x40, RW, "GPU VA of page-table entry 0, bits 63:32"),
+        Register("completed", 0x44, RC, "work requests completed"),
+        Register("unmapped", 0x48, RC, "descriptors refused: address not mapped"),
+        Register("forbidden", 0x4C, RC, "descriptors refused: mapped without the right"),
+        Register("bus_errors", 0x50, RC, "bursts answered with an AXI error response"),
+    )
 
 
 REGMAP = default_map()
