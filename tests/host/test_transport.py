@@ -1,0 +1,210 @@
+"""The software engine on the wire: bytes vs proto, drops, NAKs, loss recovery, PSN wrap."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import numpy as np
+import pytest
+
+from fpgaccl.errors import RemoteAccessError
+from fpgaccl.host import wire
+from fpgaccl.host.engine import Engine
+from fpgaccl.host.layers import dissect
+from fpgaccl.host.pcap import frame
+from fpgaccl.proto import build_frame, parse_frame
+from fpgaccl.proto.drops import DropReason
+from fpgaccl.proto.opcodes import AethKind, NakCode, Opcode, split_syndrome
+
+from ._world import all_ok, run_world
+
+
+def _pair(port_base: str = "127.77.1") -> tuple[Engine, socket.socket]:
+    """An engine plus a raw UDP socket that plays its peer by hand."""
+    eng = Engine(0, f"{port_base}.1")
+    qp = eng.create_qp(1)
+    peer = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    peer.bind((f"{port_base}.2", wire.ROCEV2_UDP_PORT))
+    peer.settimeout(5)
+    qp.connect(remote_qpn=0x4242, addr=peer.getsockname(), local_ip=eng.addr[0], send_psn=10,
+               recv_psn=100, remote_va=0, remote_rkey=0)
+    return eng, peer
+
+
+def _write(qp_num: int, psn: int, va: int, rkey: int, payload: bytes, src: str, dst: str,
+           opcode: Opcode = Opcode.RDMA_WRITE_ONLY_WITH_IMMEDIATE, dlen: int | None = None,
+           imm: int = 0x00010002) -> bytes:
+    """A datagram built by the proto reference model (not by the engine's fast path)."""
+    f = build_frame(ip={"src": wire.ip_to_int(src), "dst": wire.ip_to_int(dst)},
+                    udp={"sport": wire.ROCEV2_UDP_PORT},
+                    bth={"opcode": opcode, "dqpn": qp_num, "psn": psn, "ackreq": 1},
+                    reth={"va": va, "rkey": rkey, "dlen": len(payload) if dlen is None else dlen},
+                    immdt={"imm": imm}, payload=payload)
+    return f[14 + 28:]
+
+
+@pytest.fixture
+def engine_and_peer():
+    eng, peer = _pair()
+    eng.start()
+    yield eng, peer
+    eng.stop()
+    peer.close()
+
+
+def _read_ack(peer: socket.socket) -> tuple[AethKind, int, int]:
+    dg, _ = peer.recvfrom(65536)
+    f = parse_frame(frame("127.77.1.1", "127.77.1.2", dg))
+    assert f.bth["opcode"] == Opcode.ACKNOWLEDGE
+    kind, code = split_syndrome(f.aeth["syndrome"])
+    return kind, code, f.bth["psn"]
+
+
+def test_engine_packets_equal_the_proto_reference() -> None:
+    eng, peer = _pair("127.77.2")
+    try:
+        qp = eng.by_peer[1]
+        data = np.arange(300, dtype=np.uint8)
+        eng.mtu = 256
+        eng.send(1, 7, 3, memoryview(data))
+        qp.pump(time.monotonic())
+        got = [peer.recvfrom(65536)[0] for _ in range(2)]
+        want_first = build_frame(
+            ip={"src": wire.ip_to_int(eng.addr[0]), "dst": wire.ip_to_int("127.77.2.2")},
+            udp={"sport": 4791}, bth={"opcode": Opcode.RDMA_WRITE_FIRST, "dqpn": 0x4242,
+                                      "psn": 10},
+            reth={"va": 0, "rkey": 0, "dlen": 300}, payload=data[:256].tobytes())
+        assert frame(eng.addr[0], "127.77.2.2", got[0])[14:] == want_first[14:]  # IP onwards
+        for dg in got:
+            pkt = dissect(frame(eng.addr[0], "127.77.2.2", dg))  # checks the ICRC too
+            assert pkt["UDP"].dport == 4791
+        last = parse_frame(frame(eng.addr[0], "127.77.2.2", got[1]))
+        assert last.bth["opcode"] == Opcode.RDMA_WRITE_LAST_WITH_IMMEDIATE
+        assert last.bth["psn"] == 11 and last.bth["ackreq"] == 1
+        assert last.immdt["imm"] == wire.pack_imm(7, 3 | wire.STEP_FINAL)
+        assert last.payload == data[256:].tobytes()
+    finally:
+        eng.stop()
+        peer.close()
+
+
+def test_write_lands_and_is_acked(engine_and_peer) -> None:
+    eng, peer = engine_and_peer
+    qp = eng.by_peer[1]
+    payload = bytes(range(200))
+    peer.sendto(_write(qp.qpn, 100, qp.ring.va + 64, qp.ring.rkey, payload, "127.77.1.2",
+                       "127.77.1.1"), eng.addr)
+    kind, _, psn = _read_ack(peer)
+    assert kind == AethKind.ACK and psn == 100
+    assert qp.ring.buf[64:264].tobytes() == payload
+    # The same packet again is a duplicate: dropped, counted, and re-ACKed.
+    qp.ring.buf[64:264] = 0
+    peer.sendto(_write(qp.qpn, 100, qp.ring.va + 64, qp.ring.rkey, payload, "127.77.1.2",
+                       "127.77.1.1"), eng.addr)
+    kind, _, psn = _read_ack(peer)
+    assert kind == AethKind.ACK and psn == 100
+    assert eng.drops[DropReason.PSN_DUPLICATE] == 1
+    assert not qp.ring.buf[64:264].any()
+
+
+@pytest.mark.parametrize(("why", "reason"), [("rkey", DropReason.BAD_RKEY),
+                                             ("bounds", DropReason.OUT_OF_BOUNDS)])
+def test_memory_key_and_bounds_are_checked(engine_and_peer, why, reason) -> None:
+    eng, peer = engine_and_peer
+    qp = eng.by_peer[1]
+    rkey = qp.ring.rkey ^ 1 if why == "rkey" else qp.ring.rkey
+    va = qp.ring.va + (len(qp.ring.buf) - 8 if why == "bounds" else 0)
+    peer.sendto(_write(qp.qpn, 100, va, rkey, b"\xaa" * 64, "127.77.1.2", "127.77.1.1"),
+                eng.addr)
+    kind, code, psn = _read_ack(peer)
+    assert (kind, code, psn) == (AethKind.NAK, NakCode.REMOTE_ACCESS_ERROR, 100)
+    assert eng.drops[reason] == 1
+    assert not qp.ring.buf.any(), "a rejected WRITE wrote memory"
+
+
+def test_gap_is_naked_with_the_expected_psn(engine_and_peer) -> None:
+    eng, peer = engine_and_peer
+    qp = eng.by_peer[1]
+    peer.sendto(_write(qp.qpn, 102, qp.ring.va, qp.ring.rkey, b"x" * 8, "127.77.1.2",
+                       "127.77.1.1"), eng.addr)
+    kind, code, psn = _read_ack(peer)
+    assert (kind, code, psn) == (AethKind.NAK, NakCode.PSN_SEQUENCE_ERROR, 100)
+    assert eng.drops[DropReason.PSN_OUT_OF_ORDER] == 1
+
+
+def test_bad_icrc_and_unknown_qpn_are_dropped(engine_and_peer) -> None:
+    eng, peer = engine_and_peer
+    qp = eng.by_peer[1]
+    dg = bytearray(_write(qp.qpn, 100, qp.ring.va, qp.ring.rkey, b"y" * 16, "127.77.1.2",
+                          "127.77.1.1"))
+    dg[-1] ^= 0xFF
+    peer.sendto(bytes(dg), eng.addr)
+    peer.sendto(_write(qp.qpn + 999, 100, qp.ring.va, qp.ring.rkey, b"y" * 16, "127.77.1.2",
+                       "127.77.1.1"), eng.addr)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and not (
+            eng.drops[DropReason.BAD_ICRC] and eng.drops[DropReason.BAD_QPN]):
+        time.sleep(0.01)
+    assert eng.drops[DropReason.BAD_ICRC] == 1
+    assert eng.drops[DropReason.BAD_QPN] == 1
+    assert not qp.ring.buf.any()
+
+
+def _lossy(comm, n: int) -> dict:
+    r, p = comm.rank, comm.world_size
+    x = (np.arange(n, dtype=np.int64) * (r + 1)) % 1009
+    comm.allreduce(x, algo="ring")
+    want = (np.arange(n, dtype=np.int64) % 1009) * 0
+    for k in range(p):
+        want += (np.arange(n, dtype=np.int64) * (k + 1)) % 1009
+    a2a = np.arange(p * 5000, dtype=np.float32) + 100000 * r
+    out = comm.alltoall(a2a, np.empty_like(a2a))
+    want_a2a = np.concatenate([np.arange(r * 5000, (r + 1) * 5000, dtype=np.float32)
+                               + 100000 * i for i in range(p)])
+    return {"ok": bool(np.array_equal(x, want) and np.array_equal(out, want_a2a)),
+            "drops": comm.drop_counters(), "stats": comm.stats()}
+
+
+def test_loss_reorder_duplication_never_change_results() -> None:
+    res = all_ok(run_world(4, _lossy, n=200_000, timeout=180,
+                           comm_kw={"impair": "loss=0.05,dup=0.05,reorder=0.05", "mtu": 4096,
+                                    "rto_s": 0.02, "deadline_s": 120}))
+    assert all(r["ok"] for r in res)
+    total = {k: sum(r["stats"].get(k, 0) for r in res)
+             for k in ("link_lost", "link_duplicated", "link_reordered", "retransmits")}
+    drops = {k: sum(r["drops"][k] for r in res) for k in ("PSN_DUPLICATE", "PSN_OUT_OF_ORDER")}
+    # The shim really did impair the link, and the transport really had to recover.
+    assert min(total.values()) > 0, total
+    assert min(drops.values()) > 0, drops
+
+
+def _wrap(comm) -> bool:
+    x = np.arange(300_000, dtype=np.float64) + comm.rank
+    comm.allreduce(x, algo="ring")
+    p = comm.world_size
+    want = np.arange(300_000, dtype=np.float64) * p + p * (p - 1) / 2
+    return bool(np.array_equal(x, want))
+
+
+def test_psn_wraps_at_24_bits() -> None:
+    # Start 20 packets below 2^24: the transfer crosses the wrap on every QP.
+    res = all_ok(run_world(3, _wrap, comm_kw={"initial_psn": (1 << 24) - 20, "mtu": 1024}))
+    assert all(res)
+
+
+def _bad_key(comm) -> str:
+    if comm.rank == 0:
+        comm.engine.by_peer[1].remote_rkey ^= 0x5A5A  # a corrupted key exchange
+    x = np.ones(10, np.int32)
+    try:
+        comm.send(x, 1) if comm.rank == 0 else comm.recv(x, 0)
+    except Exception as e:
+        return f"{type(e).__name__}"
+    return "ok"
+
+
+def test_rejected_write_raises_remote_access_error() -> None:
+    res = run_world(2, _bad_key, comm_kw={"deadline_s": 3}, timeout=60)
+    assert res[0] == ("ok", RemoteAccessError.__name__)
+    assert res[1] == ("ok", "CollectiveTimeoutError")
