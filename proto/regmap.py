@@ -210,6 +210,16 @@ def default_map(*, qps: int = 8, regions: int = 8, imem_words: int = 256,
                 RegField("space", 1, "0 host memory, 1 GPU-peer window"),
             )),
         ), "memory regions, one copy per region", count=regions, stride=0x20),
+        Block("port", 0x0300, (
+            Register("mac_lo", 0x00, RW, "this port's MAC bits 31:0"),
+            Register("mac_hi", 0x04, RW, "this port's MAC bits 47:32", (
+                RegField("mac_hi", 16, "MAC bits 47:32"),
+            )),
+            Register("ip", 0x08, RW, "this port's IPv4 address"),
+            Register("udp_sport", 0x0C, RW, "UDP source port base (ECMP entropy)", (
+                RegField("sport", 16, "source port of QP 0; QP i uses sport + i", reset=0xC000),
+            )),
+        ), "the network port's own addresses"),
         Block("coll", 0x0200, (
             *(Register(f"{buf}_{half}", 8 * i + 4 * j, RW,
                        f"{buf.upper()} buffer address bits {'31:0' if j == 0 else '63:32'}")
