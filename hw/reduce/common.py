@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from amaranth.hdl import Cat, Const, Mux, Value
+from amaranth.hdl import Cat, Const, Module, Mux, Signal, Value
 
 
 class FloatFormat:
@@ -27,7 +27,7 @@ class FloatFormat:
 class Unpacked:
     """Fields and classification of one float operand (combinational)."""
 
-    def __init__(self, fmt: FloatFormat, bits: Value) -> None:
+    def __init__(self, m: Module, fmt: FloatFormat, bits: Value) -> None:
         self.bits = bits
         self.sign = bits[fmt.width - 1]
         self.exp = bits[fmt.m:fmt.m + fmt.e]
@@ -36,21 +36,29 @@ class Unpacked:
         exp_zero = self.exp == 0
         exp_ones = self.exp == fmt.exp_max
         frac_zero = self.frac == 0
-        self.is_nan = exp_ones & ~frac_zero
-        self.is_inf = exp_ones & frac_zero
-        self.is_zero = exp_zero & frac_zero
-        # Subnormals have the exponent of the smallest normal and no hidden bit, so one
-        # datapath serves both.
-        self.exp_eff = Mux(exp_zero, 1, self.exp)
-        self.sig = Cat(self.frac, ~exp_zero)
+        self.is_nan = Signal()
+        self.is_inf = Signal()
+        self.is_zero = Signal()
+        self.exp_eff = Signal(fmt.e)
+        self.sig = Signal(fmt.p)
+        m.d.comb += [
+            self.is_nan.eq(exp_ones & ~frac_zero),
+            self.is_inf.eq(exp_ones & frac_zero),
+            self.is_zero.eq(exp_zero & frac_zero),
+            # Subnormals have the exponent of the smallest normal and no hidden bit, so
+            # one datapath serves both.
+            self.exp_eff.eq(Mux(exp_zero, 1, self.exp)),
+            self.sig.eq(Cat(self.frac, ~exp_zero)),
+        ]
         self.quieted = bits | fmt.quiet
 
 
-def leading_zeros(v: Value) -> Value:
+def leading_zeros(m: Module, v: Value) -> Signal:
     """Number of zero bits above the highest set bit of ``v`` (``len(v)`` if zero).
 
     A balanced tree rather than a priority chain: log-depth logic, and Amaranth's Python
-    simulator cannot compile a 100-deep nest of muxes.
+    simulator cannot compile a 100-deep nest of muxes. Results are Signals because
+    Amaranth re-emits a shared expression at every use.
     """
     n = len(v)
     size = 1 << max(n - 1, 0).bit_length()
@@ -63,13 +71,21 @@ def leading_zeros(v: Value) -> Value:
         hi, lo = x[half:], x[:half]
         return Mux(hi.any(), tree(hi), half + tree(lo))
 
-    res = tree(padded)
-    return Mux(res > n, n, res)
+    res = Signal(range(size + 1))
+    out = Signal(range(n + 1))
+    m.d.comb += [res.eq(tree(padded)), out.eq(Mux(res > n, n, res))]
+    return out
 
 
-def shift_right_sticky(v: Value, amount: Value) -> tuple[Value, Value]:
+def shift_right_sticky(m: Module, v: Value, amount: Value) -> tuple[Signal, Signal]:
     """``v >> amount`` and whether any set bit was shifted out (the sticky bit)."""
     n = len(v)
-    clamped = Mux(amount > n, n, amount)
-    wide = Cat(Const(0, n), v) >> clamped
-    return wide[n:], wide[:n].any()
+    wide = Signal(2 * n)
+    shifted = Signal(n)
+    sticky = Signal()
+    m.d.comb += [
+        wide.eq(Cat(Const(0, n), v) >> Mux(amount > n, n, amount)),
+        shifted.eq(wide[n:]),
+        sticky.eq(wide[:n].any()),
+    ]
+    return shifted, sticky

@@ -35,11 +35,13 @@ class FloatAdd(wiring.Component):
         ext = p + 3                               # significand + guard, round, sticky
 
         # Stage 1: classify, order by magnitude, exponent difference.
-        a, b = Unpacked(f, self.a), Unpacked(f, self.b)
-        swap = b.mag > a.mag
-        big = Mux(swap, self.b, self.a)
-        small = Mux(swap, self.a, self.b)
-        ub, us = Unpacked(f, big), Unpacked(f, small)
+        a, b = Unpacked(m, f, self.a), Unpacked(m, f, self.b)
+        swap = Signal()
+        big = Signal(f.width)
+        small = Signal(f.width)
+        m.d.comb += [swap.eq(b.mag > a.mag), big.eq(Mux(swap, self.b, self.a)),
+                     small.eq(Mux(swap, self.a, self.b))]
+        ub, us = Unpacked(m, f, big), Unpacked(m, f, small)
 
         special = Signal()
         special_val = Signal(f.width)
@@ -75,7 +77,7 @@ class FloatAdd(wiring.Component):
         ]
 
         # Stage 2: align the smaller operand (sticky keeps what falls off) and add.
-        aligned, sticky = shift_right_sticky(Cat(Const(0, 3), s1_sig_small), s1_diff)
+        aligned, sticky = shift_right_sticky(m, Cat(Const(0, 3), s1_sig_small), s1_diff)
         small_ext = aligned | sticky
         big_ext = Cat(Const(0, 3), s1_sig_big)
         s2_sum = Signal(ext + 1)
@@ -90,7 +92,7 @@ class FloatAdd(wiring.Component):
         # hidden bit, but never below the minimum exponent (that makes a subnormal).
         carry = s2_sum[ext]
         low = s2_sum[:ext]
-        lz = leading_zeros(low)
+        lz = leading_zeros(m, low)
         max_shift = s2["exp"] - 1
         shift = Signal(range(ext + 1))
         m.d.comb += shift.eq(Mux(lz > max_shift, max_shift, lz))

@@ -32,7 +32,7 @@ class FloatMinMax(wiring.Component):
     def elaborate(self, platform) -> Module:
         m = Module()
         f = self.fmt
-        a, b = Unpacked(f, self.a), Unpacked(f, self.b)
+        a, b = Unpacked(m, f, self.a), Unpacked(m, f, self.b)
         a_less = Signal()
         m.d.comb += a_less.eq(order_key(a, f.width) < order_key(b, f.width))
         with m.If(a.is_nan):

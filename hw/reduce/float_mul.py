@@ -34,7 +34,7 @@ class FloatMul(wiring.Component):
         p = f.p
         exp_w = f.e + 3                 # signed room for ea + eb - bias, both ways
 
-        a, b = Unpacked(f, self.a), Unpacked(f, self.b)
+        a, b = Unpacked(m, f, self.a), Unpacked(m, f, self.b)
         sign = a.sign ^ b.sign
         special_val = Signal(f.width)
         inf = Cat(Const(0, f.m), Const(f.exp_max, f.e), sign)
@@ -66,13 +66,14 @@ class FloatMul(wiring.Component):
         # Stage 2: bring the leading one to the top bit; the biased exponent of the
         # result is then exp + 1 - lz. Below the minimum exponent, shift right instead
         # and let the sticky bit remember what fell off.
-        lz = leading_zeros(s1_prod)
+        lz = leading_zeros(m, s1_prod)
         exp_n = Signal(signed(exp_w))
         m.d.comb += exp_n.eq(s1_exp + 1 - lz)
-        normed = (s1_prod << lz)[:2 * p]
+        normed = Signal(2 * p)
+        m.d.comb += normed.eq(s1_prod << lz)
         under = Signal(range(2 * p + 2))
         m.d.comb += under.eq(Mux(exp_n < 1, Mux(exp_n < -2 * p, 2 * p + 1, 1 - exp_n), 0))
-        shifted, lost = shift_right_sticky(normed, under)
+        shifted, lost = shift_right_sticky(m, normed, under)
         s2_norm = Signal(2 * p)
         s2_lost = Signal()
         s2_exp = Signal(signed(exp_w))
