@@ -1,0 +1,339 @@
+"""What a board build puts on the chip: the node configuration and, until
+:class:`fpgaccl.hw.node.Node` lands, an interim :class:`EngineCore` made only of the
+blocks already committed.
+
+A board top never names the core class: it takes a *core factory*
+(``NodeConfig -> Component``) whose product has Node's ports -- ``rx``
+(``In(beat_stream(width))``), ``tx`` (``Out(beat_stream(width))``) and ``csr``
+(``In(CSRBusSignature(16))``) -- plus, optionally, ``activity`` (``Out(8)``, shown on
+LEDs). Swapping in Node is one line: :data:`CORE_FACTORY`.
+
+What :class:`EngineCore` contains, and so what a utilisation/Fmax report measures:
+
+* the CSR bank generated from ``proto.regmap.default_map(qps, regions, imem_words)``
+  (all QP and memory-region context registers, readable back over the bus, and the
+  sequencer's program memory);
+* the sequencer, fetching from that program memory, started by the doorbell;
+* a reduction datapath built from the committed lanes (:mod:`fpgaccl.hw.reduce`) for the
+  configured dtype/op subset, reducing every received beat with a beat of a local
+  buffer and sending the result (the local buffer stands in for the memory port, whose
+  AXI4 signature is not defined yet);
+* stand-ins for what is missing, each small and named: the transport's receive events
+  come from the first bytes of each received packet, and the sequencer's commands are
+  acknowledged at once and folded into a parity byte on ``activity`` -- so the logic that
+  computes them is kept by synthesis, instead of a consumer that does not exist yet.
+
+Not in it: parser/builder, transport, DMA. Their absence makes the numbers a lower bound
+on Node's area; Fmax is that of the blocks present.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from amaranth.hdl import Cat, Const, EnableInserter, Module, Mux, Signal, Value
+from amaranth.lib import memory, wiring
+from amaranth.lib.wiring import In, Out
+
+from fpgaccl.hw.csr.bank import CSRBank
+from fpgaccl.hw.csr.bus import CSRBusSignature
+from fpgaccl.hw.reduce.common import FloatFormat
+from fpgaccl.hw.reduce.float_add import FloatAdd
+from fpgaccl.hw.reduce.float_minmax import FloatMinMax
+from fpgaccl.hw.reduce.float_mul import FloatMul
+from fpgaccl.hw.reduce.int_lane import IntLane
+from fpgaccl.hw.sequencer.command import PEER_BITS, STEP_BITS
+from fpgaccl.hw.sequencer.engine import Sequencer
+from fpgaccl.hw.stream.beat import SUPPORTED_WIDTHS, beat_stream
+from fpgaccl.proto.reduce import DTYPE_BITS, OP_BITS, DType, ReduceOp
+from fpgaccl.proto.regmap import ENGINE_ID, REGMAP_VERSION, RegisterMap, default_map
+
+CSR_ADDR_WIDTH = 16
+# The lanes the datapath can be built from; bitwise ops need no lane and are not offered.
+LANE_OPS = (ReduceOp.SUM, ReduceOp.PROD, ReduceOp.MIN, ReduceOp.MAX)
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    """Build-time parameters of a node. Every one changes the hardware, so every one is
+    part of the build plan (and so of the bitstream cache key).
+
+    width       beat width in bits (``hw.stream.beat.SUPPORTED_WIDTHS``); network,
+                reduction and local-buffer datapath all run at it, one beat per cycle.
+    qps         queue pairs: copies of the QP context registers, and the sequencer's
+                peer count (one peer per QP).
+    regions     memory regions (copies of the MR registers).
+    imem_words  sequencer program memory, 32-bit words (two per instruction).
+    dtypes      element types the reduction datapath has lanes for.
+    ops         operators it has lanes for; with a single op the op register is
+                ignored and synthesis drops the others' logic.
+    local_beats depth of the local buffer that stands in for the memory port.
+    """
+
+    width: int = 64
+    qps: int = 8
+    regions: int = 8
+    imem_words: int = 256
+    dtypes: tuple[DType, ...] = (DType.INT32, DType.FLOAT32)
+    ops: tuple[ReduceOp, ...] = LANE_OPS
+    local_beats: int = 256
+    name: str = field(default="custom", compare=False)
+
+    def __post_init__(self) -> None:
+        if self.width not in SUPPORTED_WIDTHS:
+            raise ValueError(f"width {self.width} not in {SUPPORTED_WIDTHS}")
+        if not 1 <= self.qps <= (1 << PEER_BITS):
+            raise ValueError(f"qps must be 1..{1 << PEER_BITS}, not {self.qps}")
+        if not self.dtypes or not self.ops:
+            raise ValueError("a node needs at least one dtype and one op")
+        for d in self.dtypes:
+            if d.bits > self.width:
+                raise ValueError(f"{d.name} ({d.bits} bits) does not fit a {self.width}-bit beat")
+        for op in self.ops:
+            if op not in LANE_OPS:
+                raise ValueError(f"op {op.name} has no lane (supported: "
+                                 f"{', '.join(o.name.lower() for o in LANE_OPS)})")
+        if self.imem_words < 2 or self.imem_words & (self.imem_words - 1):
+            raise ValueError("imem_words must be a power of two >= 2")
+
+    def regmap(self) -> RegisterMap:
+        return default_map(qps=self.qps, regions=self.regions, imem_words=self.imem_words)
+
+    def replace(self, **changes) -> NodeConfig:
+        from dataclasses import replace
+        return replace(self, **changes)
+
+    def describe(self) -> str:
+        return (f"{self.width}-bit, {self.qps} QPs, {self.regions} MRs, imem "
+                f"{self.imem_words} words, dtypes {'+'.join(d.name.lower() for d in self.dtypes)},"
+                f" ops {'+'.join(o.name.lower() for o in self.ops)}, local buffer "
+                f"{self.local_beats} beats")
+
+
+# The iCE40 UP5K has 5280 LUT4s: one 32-bit int lane, two QPs, a small program memory.
+SMALL = NodeConfig(width=32, qps=2, regions=2, imem_words=64, dtypes=(DType.INT32,),
+                   ops=(ReduceOp.SUM,), local_beats=64, name="small")
+# The issue's ECP5 target: 64-bit, int32 + float32 with every lane op.
+FULL = NodeConfig(width=64, qps=8, regions=8, imem_words=256,
+                  dtypes=(DType.INT32, DType.FLOAT32), ops=LANE_OPS, local_beats=256,
+                  name="full")
+# A 100G MAC delivers 512-bit beats.
+WIDE = FULL.replace(width=512, name="wide")
+
+
+def _delay(m: Module, v: Value, cycles: int, name: str) -> Value:
+    for i in range(cycles):
+        r = Signal(len(v), name=f"{name}_d{i}")
+        m.d.sync += r.eq(v)
+        v = r
+    return v
+
+
+class ReduceLanes(wiring.Component):
+    """``o = a op b`` element-wise for the configured dtypes/ops, :attr:`latency` cycles
+    later, every register advancing every cycle (stall it with an EnableInserter).
+
+    The committed ``hw.reduce.unit`` is not used because it is not committed yet and
+    always builds every dtype (and needs 64-bit multiples); once it takes a dtype/op
+    subset, :meth:`EngineCore._reduce` becomes a one-line switch to it.
+    """
+
+    def __init__(self, config: NodeConfig) -> None:
+        self.config = config
+        lat = []
+        for d in config.dtypes:
+            if d.is_float:
+                lat += [{ReduceOp.SUM: FloatAdd.latency, ReduceOp.PROD: FloatMul.latency}
+                        .get(op, FloatMinMax.latency) for op in config.ops]
+            else:
+                lat.append(IntLane.latency)
+        self.lane_latency = max(lat)
+        self.latency = self.lane_latency + 1
+        super().__init__({
+            "a": In(config.width),
+            "b": In(config.width),
+            "dtype": In(DTYPE_BITS),
+            "op": In(OP_BITS),
+            "o": Out(config.width),
+        })
+
+    def elaborate(self, platform) -> Module:
+        m = Module()
+        cfg = self.config
+        width = cfg.width
+        # A single op is a build-time constant, so unused lanes (multipliers) vanish.
+        op = Const(cfg.ops[0], OP_BITS) if len(cfg.ops) == 1 else self.op
+        results: list[tuple[DType, ReduceOp | None, Value]] = []
+
+        def lanes(tag, bits, make, latency, **ctl):
+            out = Signal(width, name=tag)
+            for i in range(width // bits):
+                lane = make()
+                m.submodules[f"{tag}_{i}"] = lane
+                sl = slice(i * bits, (i + 1) * bits)
+                m.d.comb += [lane.a.eq(self.a[sl]), lane.b.eq(self.b[sl]), out[sl].eq(lane.o)]
+                for k, v in ctl.items():
+                    m.d.comb += getattr(lane, k).eq(v)
+            return _delay(m, out, self.lane_latency - latency, tag)
+
+        for d in cfg.dtypes:
+            name = d.name.lower()
+            if not d.is_float:
+                results.append((d, None, lanes(name, d.bits, lambda d=d: IntLane(d.bits),
+                                               IntLane.latency, op=op, is_signed=d.is_signed)))
+                continue
+            fmt = FloatFormat(d.info.exp_bits, d.info.frac_bits)
+            if ReduceOp.SUM in cfg.ops:
+                results.append((d, ReduceOp.SUM, lanes(
+                    f"{name}_add", d.bits, lambda fmt=fmt: FloatAdd(fmt), FloatAdd.latency)))
+            if ReduceOp.PROD in cfg.ops:
+                results.append((d, ReduceOp.PROD, lanes(
+                    f"{name}_mul", d.bits, lambda fmt=fmt: FloatMul(fmt), FloatMul.latency)))
+            if ReduceOp.MIN in cfg.ops or ReduceOp.MAX in cfg.ops:
+                results.append((d, ReduceOp.MIN, lanes(
+                    f"{name}_minmax", d.bits, lambda fmt=fmt: FloatMinMax(fmt),
+                    FloatMinMax.latency, is_max=op == ReduceOp.MAX)))
+
+        dtype_d = _delay(m, self.dtype, self.lane_latency, "dtype")
+        op_d = _delay(m, op, self.lane_latency, "op")
+        if len(results) == 1:
+            m.d.sync += self.o.eq(results[0][2])
+            return m
+        # Codes outside the subset give the first result: cheaper than a zero case, and
+        # the host only writes codes the build advertises.
+        m.d.sync += self.o.eq(results[0][2])
+        with m.Switch(dtype_d):
+            for d in cfg.dtypes:
+                mine = [(o, v) for dd, o, v in results if dd is d]
+                with m.Case(d):
+                    if len(mine) == 1:
+                        m.d.sync += self.o.eq(mine[0][1])
+                        continue
+                    with m.Switch(op_d):
+                        for o, v in mine:
+                            cases = (ReduceOp.MIN, ReduceOp.MAX) if o is ReduceOp.MIN else (o,)
+                            with m.Case(*cases):
+                                m.d.sync += self.o.eq(v)
+        return m
+
+
+class EngineCore(wiring.Component):
+    """The interim node top (see the module docstring): Node's ports, committed blocks."""
+
+    def __init__(self, config: NodeConfig) -> None:
+        self.config = config
+        super().__init__({
+            "rx": In(beat_stream(config.width)),
+            "tx": Out(beat_stream(config.width)),
+            "csr": In(CSRBusSignature(CSR_ADDR_WIDTH)),
+            "activity": Out(8),
+        })
+
+    def elaborate(self, platform) -> Module:
+        m = Module()
+        cfg = self.config
+        m.submodules.bank = bank = CSRBank(cfg.regmap(), CSR_ADDR_WIDTH)
+        wiring.connect(m, wiring.flipped(self.csr), bank.bus)
+        ctl = bank.ctrl_ctl
+        sts = bank.ctrl_sts
+        m.d.comb += [sts.id.value.eq(ENGINE_ID), sts.version.value.eq(REGMAP_VERSION)]
+
+        m.submodules.seq = seq = Sequencer(imem_words=cfg.imem_words, peers=cfg.qps)
+        m.d.comb += [
+            bank.imem_raddr.eq(seq.imem_raddr),
+            seq.imem_rdata.eq(bank.imem_rdata),
+            seq.start.eq(bank.ctrl_wstb.doorbell & ctl.control.enable),
+            seq.entry.eq(ctl.doorbell.entry),
+            seq.coll_id.eq(ctl.doorbell.coll_id),
+            # proto.regmap has no element-count register yet; scratch carries it here.
+            seq.count.eq(ctl.scratch.value),
+            sts.status.busy.eq(seq.busy),
+            sts.status.error.eq(seq.error),
+        ]
+        completions = Signal(32)
+        with m.If(bank.ctrl_clr.completions):
+            m.d.sync += completions.eq(0)
+        with m.Elif(seq.done):
+            m.d.sync += completions.eq(completions + 1)
+        m.d.comb += sts.completions.value.eq(completions)
+
+        # Stand-in datapath: every command is done the cycle after it is taken, and its
+        # fields are folded into a parity byte so synthesis keeps what computes them.
+        cmd_done = Signal()
+        parity = Signal(8)
+        m.d.comb += [seq.cmd.ready.eq(1), seq.cmd_done.eq(cmd_done)]
+        m.d.sync += cmd_done.eq(seq.cmd.valid)
+        with m.If(seq.cmd.valid):
+            bits = seq.cmd.payload.as_value()
+            fold = Const(0, 8)
+            for i in range(0, len(bits), 8):
+                fold = fold ^ bits[i:i + 8]
+            m.d.sync += parity.eq(Cat(parity[7], parity[:7]) ^ fold)
+        m.d.comb += self.activity.eq(parity)
+
+        self._datapath(m, bank, seq)
+        return m
+
+    def _reduce(self) -> ReduceLanes:
+        return ReduceLanes(self.config)
+
+    def _datapath(self, m: Module, bank: CSRBank, seq: Sequencer) -> None:
+        cfg = self.config
+        rx, tx = self.rx, self.tx
+        advance = Signal()
+        m.d.comb += [advance.eq(~tx.valid | tx.ready), rx.ready.eq(advance)]
+        take = rx.valid & rx.ready
+
+        # Receive events: the transport's stand-in. Byte 0 of a packet names the peer,
+        # bytes 1-2 the step, bit 31 says grant (1) or landed message (0).
+        head = rx.payload.data
+        for port, is_grant in ((seq.grant, 1), (seq.landed, 0)):
+            m.d.sync += [port.valid.eq(take & rx.payload.first & (head[31] == is_grant)),
+                         port.payload.peer.eq(head[0:PEER_BITS]),
+                         port.payload.step.eq(head[8:8 + STEP_BITS])]
+
+        # Local buffer, indexed by beat number in the packet: b = local[i]; the result
+        # goes out on tx and back into local[i] (an accumulator in place of memory).
+        m.submodules.local = local = memory.Memory(shape=cfg.width, depth=cfg.local_beats,
+                                                   init=[])
+        rd = local.read_port()
+        wr = local.write_port()
+        idx = Signal(range(cfg.local_beats))
+        with m.If(take):
+            m.d.sync += idx.eq(Mux(rx.payload.last, 0, idx + 1))
+        m.d.comb += [rd.addr.eq(idx), rd.en.eq(advance)]
+
+        lanes = self._reduce()
+        m.submodules.lanes = EnableInserter(advance)(lanes)
+        a = Signal(cfg.width)
+        with m.If(advance):
+            m.d.sync += a.eq(head)
+        reduce_ctl = bank.ctrl_ctl.reduce
+        m.d.comb += [lanes.a.eq(a), lanes.b.eq(rd.data),
+                     lanes.dtype.eq(reduce_ctl.dtype), lanes.op.eq(reduce_ctl.op)]
+
+        # Valid, framing and the buffer index ride alongside, stalled by the same enable.
+        prev = Cat(take, rx.payload.keep, rx.payload.first, rx.payload.last, idx)
+        for i in range(1 + lanes.latency):
+            r = Signal(len(prev), name=f"side_{i}")
+            with m.If(advance):
+                m.d.sync += r.eq(prev)
+            prev = r
+        kw = len(rx.payload.keep)
+        m.d.comb += [
+            tx.valid.eq(prev[0]),
+            tx.payload.data.eq(lanes.o),
+            tx.payload.keep.eq(prev[1:1 + kw]),
+            tx.payload.first.eq(prev[1 + kw]),
+            tx.payload.last.eq(prev[2 + kw]),
+            wr.addr.eq(prev[3 + kw:]),
+            wr.data.eq(lanes.o),
+            wr.en.eq(tx.valid & tx.ready),
+        ]
+
+
+CoreFactory = Callable[[NodeConfig], wiring.Component]
+# The one line to change when fpgaccl.hw.node.Node lands:
+#     from fpgaccl.hw.node import Node; CORE_FACTORY = Node
+CORE_FACTORY: CoreFactory = EngineCore
