@@ -88,7 +88,15 @@ def good_frame(rng: random.Random, max_payload: int = 300) -> tuple[bytes, dict,
 
 
 def bad_frame(rng: random.Random, reason: DropReason) -> bytes:
-    """A frame that the reference model drops for ``reason`` (checked by the caller)."""
+    """A frame that the reference model drops for ``reason``."""
+    for _ in range(100):
+        frame = _bad_frame(rng, reason)
+        if expect(frame) == reason:
+            return frame
+    raise AssertionError(f"could not make a frame dropped for {reason.name}")
+
+
+def _bad_frame(rng: random.Random, reason: DropReason) -> bytes:
     fields = random_fields(rng)
     payload = bytes(rng.getrandbits(8) for _ in range(rng.randint(0, 100)))
     R = DropReason
