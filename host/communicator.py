@@ -13,7 +13,7 @@ import ipaddress
 import os
 import socket
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -518,12 +518,22 @@ class Communicator:
 _WORLD: Communicator | None = None
 
 
-def _env_int(*names: str) -> int | None:
-    for n in names:
-        v = os.environ.get(n)
-        if v not in (None, ""):
-            return int(v)
-    return None
+_RANK_VARS = ("FPGACCL_RANK", "RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
+_SIZE_VARS = ("FPGACCL_WORLD_SIZE", "WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE",
+              "PMI_SIZE")
+
+
+def world_from_env(env: Mapping[str, str] | None = None) -> tuple[int, int]:
+    """(rank, world_size) from whichever launcher's variables are set; (0, 1) if none."""
+    env = os.environ if env is None else env
+    for rank_var, size_var in zip(_RANK_VARS, _SIZE_VARS, strict=True):
+        if env.get(rank_var, "") != "" and env.get(size_var, "") != "":
+            try:
+                return int(env[rank_var]), int(env[size_var])
+            except ValueError:
+                raise InvalidArgumentError(rank_var, f"{env[rank_var]!r} / {size_var}="
+                                           f"{env[size_var]!r} are not integers") from None
+    return 0, 1
 
 
 def init(backend: str = "software", **kwargs: Any) -> Communicator:
@@ -536,11 +546,7 @@ def init(backend: str = "software", **kwargs: Any) -> Communicator:
     global _WORLD
     if _WORLD is not None and not _WORLD._closed:
         return _WORLD
-    rank = _env_int("FPGACCL_RANK", "RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
-    world = _env_int("FPGACCL_WORLD_SIZE", "WORLD_SIZE", "SLURM_NTASKS",
-                     "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
-    if rank is None or world is None:
-        rank, world = 0, 1
+    rank, world = world_from_env()
     env = os.environ
     if "FPGACCL_PCAP_DIR" in env and "pcap" not in kwargs:
         kwargs["pcap"] = Path(env["FPGACCL_PCAP_DIR"]) / f"rank{rank}.pcap"

@@ -1,0 +1,154 @@
+"""Bad arguments raise typed errors naming the argument; a dead peer raises a timeout."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+import pytest
+
+from fpgaccl.errors import (CollectiveTimeoutError, CountMismatchError, DtypeMismatchError,
+                            InvalidArgumentError, UnsupportedError)
+from fpgaccl.host import Communicator
+from fpgaccl.host.communicator import world_from_env
+
+from ._world import run_world
+
+
+@pytest.fixture(scope="module")
+def comm():
+    c = Communicator(0, 1, master_port=31999)
+    yield c
+    c.close()
+
+
+def _arg(exc_info) -> str:
+    return exc_info.value.argument
+
+
+def test_mismatched_dtypes(comm) -> None:
+    with pytest.raises(DtypeMismatchError) as e:
+        comm.allreduce(np.zeros(4, np.float32), np.zeros(4, np.float64))
+    assert _arg(e) == "recvbuf"
+
+
+def test_wrong_counts(comm) -> None:
+    with pytest.raises(CountMismatchError) as e:
+        comm.allreduce(np.zeros(4, np.int32), np.zeros(5, np.int32))
+    assert _arg(e) == "recvbuf"
+    with pytest.raises(CountMismatchError) as e:
+        comm.allgather(np.zeros(4, np.int32), np.zeros(3, np.int32))
+    assert _arg(e) == "recvbuf"
+    with pytest.raises(CountMismatchError) as e:
+        comm.alltoallv(np.zeros(4, np.int32), [4, 1], np.zeros(4, np.int32), [4])
+    assert _arg(e) == "sendcounts"
+
+
+def test_root_out_of_range(comm) -> None:
+    for root in (-1, 1, 7):
+        with pytest.raises(InvalidArgumentError) as e:
+            comm.broadcast(np.zeros(4), root=root)
+        assert _arg(e) == "root"
+    with pytest.raises(InvalidArgumentError) as e:
+        comm.reduce(np.zeros(4), root=3)
+    assert _arg(e) == "root"
+
+
+def test_non_contiguous_and_non_buffers(comm) -> None:
+    with pytest.raises(InvalidArgumentError) as e:
+        comm.allreduce(np.zeros(8, np.float32)[::2])
+    assert _arg(e) == "sendbuf"
+    with pytest.raises(InvalidArgumentError) as e:
+        comm.allreduce(np.zeros((4, 4), np.float32).T)
+    assert _arg(e) == "sendbuf"
+    with pytest.raises(InvalidArgumentError) as e:
+        comm.allreduce(np.zeros(4, np.float32), np.zeros(8, np.float32)[::2])
+    assert _arg(e) == "recvbuf"
+    with pytest.raises(InvalidArgumentError) as e:
+        comm.allreduce([1, 2, 3])
+    assert _arg(e) == "sendbuf"
+    with pytest.raises(InvalidArgumentError) as e:
+        comm.allreduce(b"read-only bytes")
+    assert _arg(e) == "sendbuf"
+
+
+def test_ops_dtypes_and_algorithms(comm) -> None:
+    with pytest.raises(InvalidArgumentError) as e:
+        comm.allreduce(np.zeros(4), op="avg")
+    assert _arg(e) == "op"
+    with pytest.raises(UnsupportedError) as e:
+        comm.allreduce(np.zeros(4, np.float32), op="bxor")
+    assert _arg(e) == "op"
+    with pytest.raises(UnsupportedError) as e:
+        comm.allreduce(np.zeros(4, np.complex64))
+    assert _arg(e) == "sendbuf"
+    with pytest.raises(UnsupportedError) as e:
+        comm.allreduce(np.zeros(4), algo="butterfly")
+    assert _arg(e) == "algo"
+    with pytest.raises(InvalidArgumentError) as e:
+        comm.send(np.zeros(4), 0)
+    assert _arg(e) == "dst"
+
+
+def test_constructor_arguments() -> None:
+    with pytest.raises(InvalidArgumentError) as e:
+        Communicator(3, 2)
+    assert _arg(e) == "rank"
+    with pytest.raises(InvalidArgumentError) as e:
+        Communicator(0, 1, mtu=1500, master_port=31998)
+    assert _arg(e) == "mtu"
+
+
+def test_world_of_one_accepts_every_buffer_kind(comm) -> None:
+    import array
+
+    from fpgaccl.host import DeviceArray
+    ba = bytearray(b"\x01\x02\x03")
+    assert comm.allreduce(ba) is ba and ba == bytearray(b"\x01\x02\x03")
+    arr = array.array("i", [1, 2, 3])
+    comm.allreduce(arr, op="max")
+
+    class Iface:
+        def __init__(self, a: np.ndarray) -> None:
+            self.__array_interface__ = a.__array_interface__
+
+    comm.allreduce(Iface(np.arange(4, dtype=np.int16)))
+    dev = DeviceArray(np.arange(5, dtype=np.float32))
+    comm.broadcast(dev)
+    assert np.array_equal(dev.get(), np.arange(5, dtype=np.float32))
+
+
+def test_launcher_environments() -> None:
+    assert world_from_env({"RANK": "3", "WORLD_SIZE": "8"}) == (3, 8)  # torchrun
+    assert world_from_env({"SLURM_PROCID": "1", "SLURM_NTASKS": "4"}) == (1, 4)
+    assert world_from_env({"OMPI_COMM_WORLD_RANK": "2",
+                           "OMPI_COMM_WORLD_SIZE": "5"}) == (2, 5)
+    assert world_from_env({"FPGACCL_RANK": "0", "FPGACCL_WORLD_SIZE": "2",
+                           "RANK": "9", "WORLD_SIZE": "16"}) == (0, 2)
+    assert world_from_env({}) == (0, 1)
+    with pytest.raises(InvalidArgumentError):
+        world_from_env({"RANK": "x", "WORLD_SIZE": "2"})
+
+
+def _dies(comm, victim: int) -> tuple[str, float]:
+    comm.barrier()
+    if comm.rank == victim:
+        os._exit(0)  # a crash: no goodbye, no close
+    t0 = time.monotonic()
+    try:
+        comm.allreduce(np.ones(100_000, np.float32))
+    except CollectiveTimeoutError as e:
+        return (type(e).__name__ + f":{e.rank}", time.monotonic() - t0)
+    return ("completed", time.monotonic() - t0)
+
+
+def test_dead_peer_times_out_on_every_survivor() -> None:
+    deadline = 2.0
+    res = run_world(4, _dies, victim=2, comm_kw={"deadline_s": deadline}, timeout=60,
+                    _close=False)
+    survivors = {r: v for r, (s, v) in res.items() if s == "ok"}
+    assert sorted(survivors) == [0, 1, 3], res
+    for r, (what, took) in survivors.items():
+        assert what == f"CollectiveTimeoutError:{r}"
+        assert took < deadline + 2.0, f"rank {r} took {took:.1f} s"
