@@ -13,7 +13,7 @@ from amaranth.lib import data
 from fpgaccl.hw.csr.bank import register_layout
 from fpgaccl.hw.net.layouts import header_layout
 from fpgaccl.proto import AETH, BTH, IMMDT, RETH
-from fpgaccl.proto.regmap import Access, RegisterMap, default_map
+from fpgaccl.proto.regmap import REGMAP, Access
 
 QP_BITS = 8
 PAYLOAD_LEN_BITS = 16
@@ -74,28 +74,26 @@ MEM_READ_REQ = data.StructLayout({"addr": 64, "len": PAYLOAD_LEN_BITS})
 first beat is ``addr``), answers in request order."""
 
 
-def _ctl_layout(rmap: RegisterMap, block: str) -> data.ArrayLayout:
-    b = rmap[block]
-    regs = [r for r in b.registers if r.access in (Access.RW, Access.WO)]
+# Only the block's register definitions matter here (not the rest of the map), so the
+# layouts are built from them with the count the transport is built for.
+def _block_layout(block: str, count: int, accesses) -> data.ArrayLayout:
+    regs = [r for r in REGMAP[block].registers if r.access in accesses]
     return data.ArrayLayout(
-        data.StructLayout({r.name: register_layout(r) for r in regs}), b.count)
+        data.StructLayout({r.name: register_layout(r) for r in regs}), count)
 
 
 def qp_ctl_layout(nqp: int) -> data.ArrayLayout:
     """Exactly :class:`~fpgaccl.hw.csr.bank.CSRBank`'s ``qp_ctl`` for ``nqp`` QPs."""
-    return _ctl_layout(default_map(qps=nqp), "qp")
+    return _block_layout("qp", nqp, (Access.RW, Access.WO))
 
 
 def mr_ctl_layout(nmr: int) -> data.ArrayLayout:
     """Exactly :class:`~fpgaccl.hw.csr.bank.CSRBank`'s ``mr_ctl`` for ``nmr`` regions."""
-    return _ctl_layout(default_map(regions=nmr), "mr")
+    return _block_layout("mr", nmr, (Access.RW, Access.WO))
 
 
 def qp_sts_layout(nqp: int) -> data.ArrayLayout:
-    b = default_map(qps=nqp)["qp"]
-    regs = [r for r in b.registers if r.access in (Access.RO, Access.RC)]
-    return data.ArrayLayout(
-        data.StructLayout({r.name: register_layout(r) for r in regs}), nqp)
+    return _block_layout("qp", nqp, (Access.RO, Access.RC))
 
 
 class QPState:

@@ -124,6 +124,7 @@ class NodeIO:
         self.rx_dropped: dict[str, int] = {}
         self.out: Callable[[bytes, int], None] = lambda frame, cycle: None
         self.peer_ip = {}  # qp index -> peer IPv4
+        self.udp_sport: int | None = None  # None: the frame model's default
         self.qps = [dict(local_qpn=0, remote_qpn=0, next_psn=0, expected_psn=0,
                          state=QPState.RESET) for _ in range(nqp)]
         self.mrs = [dict(base=0, length=0, key=0, write=0) for _ in range(nmr)]
@@ -236,8 +237,8 @@ class NodeIO:
                 self.tx_buf = bytearray()
 
     def _emit(self, h: dict, payload: bytes, cycle: int) -> None:
-        self.out(to_frame(h, payload, src_ip=self.ip, dst_ip=self.peer_ip.get(h["qp"], 0)),
-                 cycle)
+        self.out(to_frame(h, payload, src_ip=self.ip, dst_ip=self.peer_ip.get(h["qp"], 0),
+                          sport=self.udp_sport), cycle)
 
     def drive(self, cycle: int) -> None:
         """After the rising edge: present the next items."""

@@ -50,7 +50,7 @@ def unpack(word: int) -> dict:
 
 
 def to_frame(h: dict, payload: bytes = b"", *, src_ip: int = 0x0A000001,
-             dst_ip: int = 0x0A000002) -> bytes:
+             dst_ip: int = 0x0A000002, sport: int | None = None) -> bytes:
     """The frame the builder makes of a transmit header record and its payload."""
     kw = {}
     for name, header in _EXT:
@@ -58,7 +58,9 @@ def to_frame(h: dict, payload: bytes = b"", *, src_ip: int = 0x0A000001,
             kw[name] = {f.name: h[name][f.name] for f in header}
     assert len(payload) == h["payload_len"], (len(payload), h["payload_len"])
     bth = {f.name: h["bth"][f.name] for f in BTH}
-    return build_frame(ip={"src": src_ip, "dst": dst_ip}, bth=bth, payload=payload, **kw)
+    udp = {} if sport is None else {"sport": sport}
+    return build_frame(ip={"src": src_ip, "dst": dst_ip}, udp=udp, bth=bth, payload=payload,
+                       **kw)
 
 
 def from_frame(frame: bytes) -> tuple[dict, bytes]:

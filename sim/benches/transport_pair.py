@@ -27,7 +27,7 @@ KEYS = (0x1111_0001, 0x2222_0002)
 
 class TB:
     def __init__(self, dut, *, seed: int, loss=0.0, dup=0.0, reorder=0.0,
-                 npsn=(0xFFFFF0, 0x7FFFFE)) -> None:
+                 npsn=(0xFFFFF0, 0x7FFFFE), start_clock: bool = True) -> None:
         self.dut = dut
         prm = bench_params()
         self.width = prm["width"]
@@ -51,13 +51,15 @@ class TB:
                             state=QPState.RESET)
             node.set_mr(1, base=DST, length=DST_LEN, key=KEYS[i])
             del peer
-        self.clock = Clock(dut.clk, 10, unit="ns", impl="gpi")
-        self.clock.start()
+        if start_clock:
+            Clock(dut.clk, 10, unit="ns", impl="gpi").start()
 
     async def reset(self) -> None:
         self.dut.rst.value = 1
         await ClockCycles(self.dut.clk, 3)
         self.dut.rst.value = 0
+        # A few cycles out of reset in state RESET: the contexts load their PSNs.
+        await ClockCycles(self.dut.clk, 3)
         for node in self.nodes:
             for q in range(2):
                 node.set_qp(q, state=QPState.RTS)

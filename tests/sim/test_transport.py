@@ -19,3 +19,8 @@ def sim64():
 @pytest.mark.slow
 def test_transport_two_nodes_lossy_link(sim64):
     run(sim64, "fpgaccl.sim.benches.transport_pair", params=PARAMS)
+
+
+@pytest.mark.slow
+def test_transport_hdl_against_software_transport(sim64):
+    run(sim64, "fpgaccl.sim.benches.transport_interop", params=PARAMS)
