@@ -237,10 +237,10 @@ def default_map(*, qps: int = 8, regions: int = 8, imem_words: int = 256,
               for i, buf in enumerate(("in", "out", "tmp", "tmp2"))),
         ), "per peer rank: where its buffers are, exchanged at rendezvous (QP i = rank i)",
             count=qps, stride=0x40),
-        Block("dma", 0x4000, _dma_registers(),
+        Block("dma", 0x5000, _dma_registers(),
               "DMA engine: submission/completion queues in memory, the GPU completion "
               "flag, the GPU window base, outstanding-request limits and fault counters"),
-        Block("dma_host", 0x4100, (
+        Block("dma_host", 0x5100, (
             Register("base_lo", 0x00, RW, "window start (host bus address) bits 31:0"),
             Register("base_hi", 0x04, RW, "window start bits 63:32"),
             Register("length", 0x08, RW, "window length in bytes; 0 disables the window"),
