@@ -1,0 +1,102 @@
+"""``fpgaccl run`` end to end: ranks from the launcher, one pcap that tshark decodes."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fpgaccl.host.layers import dissect
+from fpgaccl.host.pcap import read
+from fpgaccl.proto.opcodes import Opcode
+
+SCRIPT = """
+import numpy as np, fpgaccl.host
+comm = fpgaccl.host.init()
+x = np.arange(3000, dtype=np.float32) + comm.rank
+comm.allreduce(x)
+p = comm.world_size
+assert np.array_equal(x, np.arange(3000, dtype=np.float32) * p + p * (p - 1) / 2), x[:4]
+print("rank", comm.rank, "of", p, "ok", flush=True)
+"""
+
+
+def _fpgaccl(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "fpgaccl.host.cli", *args], text=True,
+                          capture_output=True, timeout=timeout)
+
+
+def test_run_spawns_ranks_and_init_finds_them(tmp_path: Path) -> None:
+    script = tmp_path / "job.py"
+    script.write_text(SCRIPT)
+    res = _fpgaccl("run", "-n", "3", "--", sys.executable, str(script))
+    assert res.returncode == 0, res.stderr
+    assert sorted(line for line in res.stdout.splitlines() if "ok" in line) == [
+        f"rank {r} of 3 ok" for r in range(3)]
+
+
+def test_run_reports_a_failing_rank(tmp_path: Path) -> None:
+    script = tmp_path / "fail.py"
+    script.write_text("import os, sys\nsys.exit(3 if os.environ['FPGACCL_RANK'] == '1' else 0)\n")
+    res = _fpgaccl("run", "-n", "2", "--", sys.executable, str(script))
+    assert res.returncode == 3
+    assert "rank 1 exited with 3" in res.stderr
+
+
+def test_pcap_of_a_run_is_valid_rocev2(tmp_path: Path) -> None:
+    script = tmp_path / "job.py"
+    script.write_text(SCRIPT)
+    pcap = tmp_path / "run.pcap"
+    res = _fpgaccl("run", "-n", "3", "--pcap", str(pcap), "--", sys.executable, str(script))
+    assert res.returncode == 0, res.stderr
+    frames = list(read(pcap))
+    assert len(frames) > 10
+    assert [t for t, _ in frames] == sorted(t for t, _ in frames), "not merged by time"
+    opcodes = set()
+    for _, f in frames:
+        pkt = dissect(f)  # strict: every layer against proto, and the ICRC
+        opcodes.add(pkt["BTH"].opcode)
+    assert int(Opcode.ACKNOWLEDGE) in opcodes
+    assert int(Opcode.RDMA_WRITE_ONLY_WITH_IMMEDIATE) in opcodes
+    tshark = shutil.which("tshark")
+    if tshark is None:
+        pytest.skip("tshark is not installed")
+    out = subprocess.run([tshark, "-r", str(pcap), "-T", "fields", "-e", "udp.dstport",
+                          "-e", "infiniband.bth.opcode", "-e", "infiniband.bth.psn",
+                          "-e", "_ws.expert", "-e", "_ws.malformed"],
+                         text=True, capture_output=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    rows = [line.split("\t") for line in out.stdout.splitlines()]
+    assert len(rows) == len(frames)
+    for row in rows:
+        assert row[0] == "4791"
+        assert row[1] != "", f"tshark did not decode a BTH: {row}"
+        assert row[3:] == [""] * len(row[3:]), f"tshark flags a frame: {row}"
+
+
+def test_bench_table_and_json(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    res = _fpgaccl("bench", "allreduce", "-g", "3", "-b", "8", "-e", "64K", "-f", "8",
+                   "-n", "2", "-w", "1", "-c", "1", "--json", str(out))
+    assert res.returncode == 0, res.stderr + res.stdout
+    doc = json.loads(out.read_text())
+    assert doc["world_size"] == 3 and doc["wrong_total"] == 0
+    assert [r["size"] for r in doc["rows"]] == [8, 64, 512, 4096, 32768]
+    for key in ("command", "git_rev", "machine", "date"):
+        assert doc[key]
+    # Numbers printed are the numbers stored.
+    for row in doc["rows"]:
+        assert f"{row['out_of_place']['busbw']:.3f}" in res.stdout
+
+
+@pytest.mark.parametrize("coll", ["reduce_scatter", "allgather", "alltoall", "broadcast",
+                                  "reduce", "sendrecv"])
+def test_bench_checks_other_collectives(coll: str) -> None:
+    res = _fpgaccl("bench", coll, "-g", "2", "-b", "1K", "-e", "16K", "-f", "16", "-n", "2",
+                   "-w", "0", "-c", "1", "-d", "int32")
+    assert res.returncode == 0, res.stderr + res.stdout
+    assert "Out of bounds values : 0 OK" in res.stdout
