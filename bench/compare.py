@@ -1,0 +1,216 @@
+"""fpgaccl's software backend vs torch.distributed (Gloo, CPU) vs OpenMPI (mpi4py).
+
+Same machine, same sizes, same world (4 ranks by default), float32 sum allreduce,
+each rank timing ``-n`` iterations after ``-w`` warm-ups; the slowest rank's mean time
+counts. busbw uses nccl-tests' allreduce factor 2(n-1)/n. A peer that is not installed
+is skipped with the reason printed. Results go to bench/results/compare.json.
+
+    python bench/compare.py                 # 8 B .. 16 MiB
+    python bench/compare.py -e 256M         # the issue's full range (slow on 2 cores)
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results" / "compare.json"
+BACKENDS = ("fpgaccl", "gloo", "mpi")
+
+
+def _sizes(b: int, e: int, f: int) -> list[int]:
+    out, s = [], b
+    while s <= e:
+        out.append(s)
+        s *= f
+    return out
+
+
+def _iters(nbytes: int, n: int) -> int:
+    # Keep big sizes affordable on two cores: at least 2, at most n, ~256 MiB moved each.
+    return max(2, min(n, (256 << 20) // max(nbytes, 1)))
+
+
+# ------------------------------------------------------------------------------ workers
+def _worker(backend: str, sizes: list[int], n: int, w: int) -> None:
+    if backend == "mpi":
+        from mpi4py import MPI
+        comm = MPI.COMM_WORLD
+        rank, world = comm.Get_rank(), comm.Get_size()
+
+        def allreduce(x: np.ndarray) -> None:
+            comm.Allreduce(MPI.IN_PLACE, x, op=MPI.SUM)
+
+        def slowest(t: float) -> float:
+            return comm.allreduce(t, op=MPI.MAX)
+    elif backend == "gloo":
+        import torch
+        import torch.distributed as dist
+        dist.init_process_group("gloo", init_method="env://")
+        rank, world = dist.get_rank(), dist.get_world_size()
+
+        def allreduce(x: np.ndarray) -> None:
+            dist.all_reduce(torch.from_numpy(x))
+
+        def slowest(t: float) -> float:
+            v = torch.tensor([t], dtype=torch.float64)
+            dist.all_reduce(v, op=dist.ReduceOp.MAX)
+            return float(v[0])
+    else:
+        from fpgaccl.host import init
+        fc = init()
+        rank, world = fc.rank, fc.world_size
+
+        def allreduce(x: np.ndarray) -> None:
+            fc.allreduce(x)
+
+        def slowest(t: float) -> float:
+            v = np.array([t])
+            fc.allreduce(v, op="max")
+            return float(v[0])
+
+    for nbytes in sizes:
+        count = max(1, nbytes // 4)
+        x = np.ones(count, np.float32)
+        iters = _iters(nbytes, n)
+        for _ in range(w):
+            allreduce(x)
+        x[:] = rank + 1
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            allreduce(x)
+        t = slowest((time.perf_counter() - t0) / iters)
+        # Check the result too: all ones times world**iters would overflow, so check the
+        # last call alone on a fresh buffer.
+        x[:] = rank + 1
+        allreduce(x)
+        ok = bool(np.all(x == world * (world + 1) / 2))
+        if rank == 0:
+            print(json.dumps({"size": count * 4, "time_us": t * 1e6, "ok": ok}), flush=True)
+
+
+# ------------------------------------------------------------------------------ parent
+def _available(backend: str) -> str | None:
+    """None if usable, else why not."""
+    py = sys.executable
+    if backend == "gloo":
+        r = subprocess.run([py, "-c", "import torch.distributed as d; assert d.is_available() "
+                            "and d.is_gloo_available()"], capture_output=True, text=True)
+        return None if r.returncode == 0 else "torch with Gloo is not installed " \
+            "(pip install torch)"
+    if backend == "mpi":
+        if shutil.which("mpirun") is None:
+            return "mpirun not found (apt-get install openmpi-bin libopenmpi-dev)"
+        r = subprocess.run([py, "-c", "import mpi4py"], capture_output=True, text=True)
+        return None if r.returncode == 0 else "mpi4py is not installed (pip install mpi4py)"
+    return None
+
+
+def _run(backend: str, ranks: int, sizes: list[int], n: int, w: int,
+         timeout: float) -> list[dict]:
+    me = [sys.executable, str(Path(__file__).resolve()), "--worker", backend,
+          "--sizes", ",".join(map(str, sizes)), "-n", str(n), "-w", str(w)]
+    if backend == "mpi":
+        cmd = ["mpirun", "-n", str(ranks), "--oversubscribe", "--bind-to", "none"]
+        if os.geteuid() == 0:
+            cmd.append("--allow-run-as-root")
+        env = dict(os.environ, OMPI_MCA_btl="self,vader,tcp")
+        r = subprocess.run(cmd + me, capture_output=True, text=True, timeout=timeout, env=env)
+        out = r.stdout
+        if r.returncode:
+            raise RuntimeError(f"mpirun failed: {r.stderr[-2000:]}")
+    else:
+        from fpgaccl.host.launcher import free_port, rank_env
+        port = free_port()
+        procs = [subprocess.Popen(me, env=rank_env(k, ranks, port, {"GLOO_SOCKET_IFNAME": "lo"}),
+                                  stdout=subprocess.PIPE if k == 0 else subprocess.DEVNULL,
+                                  text=True) for k in range(ranks)]
+        out, _ = procs[0].communicate(timeout=timeout)
+        for p in procs[1:]:
+            p.wait(timeout)
+        if any(p.returncode for p in procs):
+            raise RuntimeError(f"{backend} ranks exited with {[p.returncode for p in procs]}")
+    return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--worker", choices=BACKENDS)
+    ap.add_argument("--sizes", default="")
+    ap.add_argument("-g", "--ranks", type=int, default=4)
+    ap.add_argument("-b", "--minbytes", default="8")
+    ap.add_argument("-e", "--maxbytes", default="16M")
+    ap.add_argument("-f", "--stepfactor", type=int, default=4)
+    ap.add_argument("-n", "--iters", type=int, default=10)
+    ap.add_argument("-w", "--warmup", type=int, default=2)
+    ap.add_argument("--backends", default=",".join(BACKENDS))
+    ap.add_argument("--json", default=str(RESULTS))
+    ap.add_argument("--timeout", type=float, default=1800)
+    a = ap.parse_args()
+    if a.worker:
+        _worker(a.worker, [int(s) for s in a.sizes.split(",")], a.iters, a.warmup)
+        return 0
+    from fpgaccl.host.bench import git_rev, machine, parse_size
+    sizes = _sizes(parse_size(a.minbytes), parse_size(a.maxbytes), a.stepfactor)
+    results: dict[str, list[dict] | str] = {}
+    for be in a.backends.split(","):
+        why = _available(be)
+        if why is None:
+            print(f"# running {be} ...", file=sys.stderr, flush=True)
+            try:
+                results[be] = _run(be, a.ranks, sizes, a.iters, a.warmup, a.timeout)
+            except (RuntimeError, subprocess.TimeoutExpired) as e:
+                why = f"failed: {e}"
+        if why is not None:
+            print(f"# skipping {be}: {why}")
+            results[be] = why
+    factor = 2 * (a.ranks - 1) / a.ranks
+    runs = {be: v for be, v in results.items() if isinstance(v, list)}
+    head = f"#{'size':>11}" + "".join(f" {be + ' us':>12} {be + ' busbw':>13}" for be in runs)
+    others = [be for be in runs if be != "fpgaccl"]
+    head += "".join(f" {'x ' + be:>9}" for be in others)
+    print(f"# allreduce float32 sum, {a.ranks} ranks, busbw in GB/s; 'x peer' = fpgaccl "
+          "busbw / peer busbw")
+    print(head)
+    rows = []
+    for i, nbytes in enumerate(sizes):
+        row = {"size": nbytes}
+        line = f" {nbytes:>11}"
+        for be, v in runs.items():
+            r = v[i] if i < len(v) else None
+            t = r["time_us"] if r else float("nan")
+            bw = nbytes / (t * 1e-6) / 1e9 * factor if r else float("nan")
+            row[be] = {"time_us": t, "busbw": bw, "ok": r["ok"] if r else False}
+            line += f" {t:>12.1f} {bw:>13.4f}"
+        for be in others:
+            ratio = row["fpgaccl"]["busbw"] / row[be]["busbw"] if "fpgaccl" in row else \
+                float("nan")
+            row[f"ratio_{be}"] = ratio
+            line += f" {ratio:>9.3f}"
+        rows.append(row)
+        print(line, flush=True)
+    doc = {"bench": "compare", "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+           "git_rev": git_rev(), "machine": machine(),
+           "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+           "ranks": a.ranks, "dtype": "float32", "op": "sum",
+           "skipped": {be: v for be, v in results.items() if isinstance(v, str)},
+           "rows": rows}
+    Path(a.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.json).write_text(json.dumps(doc, indent=2) + "\n")
+    print(f"# written to {a.json}")
+    return 0 if all(r[be]["ok"] for r in rows for be in runs) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
