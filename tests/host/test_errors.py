@@ -8,8 +8,13 @@ import time
 import numpy as np
 import pytest
 
-from fpgaccl.errors import (CollectiveTimeoutError, CountMismatchError, DtypeMismatchError,
-                            InvalidArgumentError, UnsupportedError)
+from fpgaccl.errors import (
+    CollectiveTimeoutError,
+    CountMismatchError,
+    DtypeMismatchError,
+    InvalidArgumentError,
+    UnsupportedError,
+)
 from fpgaccl.host import Communicator
 from fpgaccl.host.communicator import world_from_env
 
