@@ -123,3 +123,34 @@ def test_parser_on_amaranth_simulator(packets):
                 assert got[key][name] == v, (key, name)
         assert got["payload_len"] == len(payload)
     assert split_frames(beats) == [p for _, p, _ in good if p]
+
+
+def test_parser_drops_frames_larger_than_its_buffer(packets):
+    """A frame that cannot fit the store-and-forward FIFO is dropped (``oversize``), and
+    the parser neither deadlocks nor leaks any of it; the next frame passes."""
+    dut = RoceParser(WIDTH, max_payload=64)
+    big = proto.build_frame(bth={"opcode": int(proto.Opcode.SEND_MIDDLE)}, payload=bytes(1000))
+    assert len(big) // (WIDTH // 8) > dut.depth
+    fields, payload, small = packets[2]
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    recs, beats = [], []
+
+    async def source(ctx):
+        await send(ctx, dut.i, [b for f in (big, small) for b in frame_to_beats(f, WIDTH)])
+
+    async def hdr_sink(ctx):
+        await collect(ctx, dut.hdr, recs, lambda: len(recs) == 1)
+        await ctx.tick().repeat(10)
+        assert ctx.get(dut.oversize) == 1
+        assert ctx.get(dut.accepted) == 1
+
+    async def pay_sink(ctx):
+        await collect(ctx, dut.o, beats, lambda: False)
+
+    sim.add_testbench(source, background=True)
+    sim.add_testbench(pay_sink, background=True)
+    sim.add_testbench(hdr_sink)
+    sim.run_until(1e-8 * 600)
+    assert record_fields(recs[0])["bth"]["psn"] == fields["bth"]["psn"]
+    assert split_frames(beats) == [payload]
