@@ -20,10 +20,17 @@ BTH AckReq bit (the requester sets it on a message's last packet and periodicall
 a duplicate, or every ``ack_every`` accepted packets; one ACK of the newest in-order PSN
 answers all that piled up while the transmit port was busy.
 
-Simplifications (documented for the DMA/node issues): an ACK is sent once the payload
-is handed to ``wr`` (posted writes, in order), not when memory confirms it; there is one
-protection domain (any QP may use any region); the address written is the RETH virtual
-address itself (the DMA's address translation sits behind ``wr``).
+An ACK (and the receive completion on ``cmpl``) covers a packet only once ``wr`` took
+its last payload beat, so a requester's completion means memory has every byte: ACKs
+carry ``done_psn`` (newest fully handed-over PSN), not ``epsn - 1``.
+
+Simplifications (documented for the DMA/node issues): "handed to ``wr``" is the point of
+no return (posted, in-order writes; the DMA must not reorder or fail them silently);
+there is one protection domain (any QP may use any region: the register map's ``mr``
+block has no PD/QP field, unlike the host model's per-QP ring); the address written is
+the RETH virtual address itself (translation belongs behind ``wr``); the AETH MSN counts
+messages whose last header was accepted, so it may lead the ACKed PSN by one message
+(the host model ignores MSN).
 """
 
 from __future__ import annotations

@@ -26,6 +26,7 @@ async def goodput(dut) -> None:
         a, b = tb.nodes
         n, count = prm["msg_bytes"], prm["messages"]
         nb = tb.width // 8
+        b.set_mr(1, base=DST, length=count * n, key=KEYS[1])
         datas = []
         for k in range(count):
             data = tb.rng.randbytes(n)
