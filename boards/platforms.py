@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from amaranth.build import Attrs, Clock, DiffPairs, Pins, Resource, ResourceError, Subsignal
 from amaranth.hdl import ClockDomain, ClockSignal, Const, Instance, Module, ResetSignal, Signal
-from amaranth.lib import wiring
+from amaranth.lib import io, wiring
 from amaranth.vendor import XilinxPlatform
 
 from .links import NibbleLink, UARTBridge
@@ -159,6 +159,20 @@ BOARDS: dict[str, Board] = {b.name: b for b in (
 )}
 
 
+def _led_pins(platform) -> list:
+    """Every single LED the board has, then every RGB LED's three (ECPIX-5 has only
+    RGB ones)."""
+    pins = []
+    for name, subs in (("led", None), ("rgb_led", ("r", "g", "b"))):
+        for i in range(16):
+            try:
+                res = platform.request(name, i, dir="-")
+            except ResourceError:
+                break
+            pins += [res] if subs is None else [getattr(res, c) for c in subs]
+    return pins
+
+
 class BoardTop(wiring.Component):
     """A core behind the board's pins. ``core_factory(config)`` must give Node's ports
     (``rx``/``tx``/``csr``; ``activity`` is optional); nothing here names the class."""
@@ -177,20 +191,18 @@ class BoardTop(wiring.Component):
             net_status = self._cmac(m, platform, core)
         else:
             net_status = self._nibble(m, platform, core)
-        uart = platform.request("uart", 0)
+        uart = platform.request("uart", 0, dir="-")
+        m.submodules.uart_rx = uart_rx = io.Buffer("i", uart.rx)
+        m.submodules.uart_tx = uart_tx = io.Buffer("o", uart.tx)
         m.submodules.uart = bridge = UARTBridge(self._sync_freq(platform))
-        m.d.comb += [bridge.rx.eq(uart.rx.i), uart.tx.o.eq(bridge.tx)]
+        m.d.comb += [bridge.rx.eq(uart_rx.i), uart_tx.o.eq(bridge.tx)]
         wiring.connect(m, bridge.bus, core.csr)
 
         activity = getattr(core, "activity", Const(0, 8))
-        bits = [*(activity[i] for i in range(len(activity))), net_status]
-        # The status bit goes on LED 0: every board has one; the parity byte follows.
-        bits = [bits[-1], *bits[:-1]]
-        for i in range(len(bits)):
-            try:
-                led = platform.request("led", i)
-            except ResourceError:
-                break
+        # The link status goes on LED 0 (every board has one), the parity byte after it.
+        bits = [net_status, *(activity[i] for i in range(len(activity)))]
+        for i, pin in enumerate(_led_pins(platform)[:len(bits)]):
+            m.submodules[f"led_{i}"] = led = io.Buffer("o", pin)
             m.d.comb += led.o.eq(bits[i])
         return m
 
@@ -205,14 +217,18 @@ class BoardTop(wiring.Component):
         wiring.connect(m, link.rx, core.rx)
         wiring.connect(m, core.tx, link.tx)
         if self.board.name == "ecpix5-85":
-            eth = platform.request("eth_rgmii", 0)
-            rxd, rx_dv, txd, tx_en = eth.rx_data.i, eth.rx_ctrl.i, eth.tx_data.o, eth.tx_ctrl.o
-            m.d.comb += eth.rst.o.eq(0)   # PHY out of reset (the pin is active low)
+            eth = platform.request("eth_rgmii", 0, dir="-")
+            ports = eth.rx_data, eth.rx_ctrl, eth.tx_data, eth.tx_ctrl
+            m.submodules.phy_rst = rst = io.Buffer("o", eth.rst)
+            m.d.comb += rst.o.eq(0)   # PHY out of reset (the pin is active low)
         else:
-            pins = platform.request("nibble_link", 0)
-            rxd, rx_dv, txd, tx_en = pins.rxd.i, pins.rx_dv.i, pins.txd.o, pins.tx_en.o
-        m.d.comb += [link.rxd.eq(rxd), link.rx_dv.eq(rx_dv), txd.eq(link.txd),
-                     tx_en.eq(link.tx_en)]
+            pins = platform.request("nibble_link", 0, dir="-")
+            ports = pins.rxd, pins.rx_dv, pins.txd, pins.tx_en
+        bufs = [io.Buffer(d, p) for d, p in zip("iioo", ports, strict=True)]
+        for name, b in zip(("rxd", "rx_dv", "txd", "tx_en"), bufs, strict=True):
+            m.submodules[f"link_{name}"] = b
+        m.d.comb += [link.rxd.eq(bufs[0].i), link.rx_dv.eq(bufs[1].i),
+                     bufs[2].o.eq(link.txd), bufs[3].o.eq(link.tx_en)]
         return link.overrun
 
     def _cmac(self, m: Module, platform, core) -> Signal:
@@ -222,9 +238,11 @@ class BoardTop(wiring.Component):
         w = self.config.width
         if w != 512:
             raise ValueError("the CMAC user interface is 512 bits wide; build with --width 512")
-        clk100 = platform.request("clk100", 0)
-        qsfp = platform.request("qsfp28", 0, dir={"refclk": "-", "rx": "-", "tx": "-"})
-        m.d.comb += platform.request("hbm_cattrip", 0).o.eq(0)
+        m.submodules.clk100 = clk100 = io.Buffer("i", platform.request("clk100", 0, dir="-"))
+        qsfp = platform.request("qsfp28", 0, dir="-")
+        m.submodules.cattrip = cattrip = io.Buffer("o", platform.request("hbm_cattrip", 0,
+                                                                         dir="-"))
+        m.d.comb += cattrip.o.eq(0)
 
         usrclk = Signal()
         usr_tx_reset = Signal()

@@ -69,6 +69,8 @@ class NodeConfig:
     ops         operators it has lanes for; with a single op the op register is
                 ignored and synthesis drops the others' logic.
     local_beats depth of the local buffer that stands in for the memory port.
+    dma         whether the build has the DMA engine; without it the register map
+                leaves out the ``dma*`` blocks (they read as zero).
     """
 
     width: int = 64
@@ -78,6 +80,7 @@ class NodeConfig:
     dtypes: tuple[DType, ...] = (DType.INT32, DType.FLOAT32)
     ops: tuple[ReduceOp, ...] = LANE_OPS
     local_beats: int = 256
+    dma: bool = True
     name: str = field(default="custom", compare=False)
 
     def __post_init__(self) -> None:
@@ -98,7 +101,10 @@ class NodeConfig:
             raise ValueError("imem_words must be a power of two >= 2")
 
     def regmap(self) -> RegisterMap:
-        return default_map(qps=self.qps, regions=self.regions, imem_words=self.imem_words)
+        full = default_map(qps=self.qps, regions=self.regions, imem_words=self.imem_words)
+        if self.dma:
+            return full
+        return RegisterMap(tuple(b for b in full if not b.name.startswith("dma")))
 
     def replace(self, **changes) -> NodeConfig:
         from dataclasses import replace
@@ -108,12 +114,14 @@ class NodeConfig:
         return (f"{self.width}-bit, {self.qps} QPs, {self.regions} MRs, imem "
                 f"{self.imem_words} words, dtypes {'+'.join(d.name.lower() for d in self.dtypes)},"
                 f" ops {'+'.join(o.name.lower() for o in self.ops)}, local buffer "
-                f"{self.local_beats} beats")
+                f"{self.local_beats} beats{'' if self.dma else ', no DMA registers'}")
 
 
-# The iCE40 UP5K has 5280 LUT4s: one 32-bit int lane, two QPs, a small program memory.
-SMALL = NodeConfig(width=32, qps=2, regions=2, imem_words=64, dtypes=(DType.INT32,),
-                   ops=(ReduceOp.SUM,), local_beats=64, name="small")
+# The iCE40 UP5K has 5280 logic cells, and the register file is most of a node's
+# flip-flops (each QP adds its qp + peer blocks, ~600 FFs): one QP, one region, no DMA
+# engine, one 32-bit int lane. Two QPs need ~6000 cells (measured: 7023 with DMA).
+SMALL = NodeConfig(width=32, qps=1, regions=1, imem_words=64, dtypes=(DType.INT32,),
+                   ops=(ReduceOp.SUM,), local_beats=64, dma=False, name="small")
 # The issue's ECP5 target: 64-bit, int32 + float32 with every lane op.
 FULL = NodeConfig(width=64, qps=8, regions=8, imem_words=256,
                   dtypes=(DType.INT32, DType.FLOAT32), ops=LANE_OPS, local_beats=256,
@@ -246,8 +254,7 @@ class EngineCore(wiring.Component):
             seq.start.eq(bank.ctrl_wstb.doorbell & ctl.control.enable),
             seq.entry.eq(ctl.doorbell.entry),
             seq.coll_id.eq(ctl.doorbell.coll_id),
-            # proto.regmap has no element-count register yet; scratch carries it here.
-            seq.count.eq(ctl.scratch.value),
+            seq.count.eq(bank.coll_ctl.count.value),
             sts.status.busy.eq(seq.busy),
             sts.status.error.eq(seq.error),
         ]

@@ -1,0 +1,171 @@
+"""nextpnr's ``--report`` JSON (plus yosys's netlist for the LUT/FF split on iCE40)
+turned into the table ``fpgaccl build`` prints.
+
+What the numbers are: placed-and-routed utilisation of the whole board top (core, link,
+UART bridge, I/O) against the device's totals; Fmax per clock is nextpnr's post-route
+static timing estimate for the device's speed grade, against the constraint the board's
+clock resource sets; the critical path is nextpnr's worst path of each clock, cell by
+cell. They are the open tools' estimates, not measurements on silicon.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# Report rows: (label, nextpnr BEL type, netlist cell types counted when nextpnr has none)
+_ROWS = {
+    "ecp5": (
+        ("LUT4 (+carry)", "TRELLIS_COMB", ()),
+        ("FF", "TRELLIS_FF", ()),
+        ("BRAM (DP16KD)", "DP16KD", ()),
+        ("DSP (MULT18X18D)", "MULT18X18D", ()),
+        ("IO", "TRELLIS_IO", ()),
+    ),
+    "ice40": (
+        ("logic cells", "ICESTORM_LC", ()),
+        ("  of which LUT4", "ICESTORM_LC", ("SB_LUT4",)),
+        ("  of which FF", "ICESTORM_LC", ("SB_DFF",)),
+        ("BRAM (4 kbit)", "ICESTORM_RAM", ()),
+        ("DSP (MAC16)", "ICESTORM_DSP", ()),
+        ("IO", "SB_IO", ()),
+    ),
+}
+_LOGIC = {"clk-to-q", "source", "logic", "setup"}
+
+
+@dataclass
+class Resource:
+    name: str
+    used: int
+    available: int
+
+    @property
+    def percent(self) -> float:
+        return 100.0 * self.used / self.available if self.available else 0.0
+
+
+@dataclass
+class Clock:
+    name: str
+    achieved_mhz: float
+    target_mhz: float
+
+    @property
+    def met(self) -> bool:
+        return self.achieved_mhz >= self.target_mhz
+
+
+@dataclass
+class Path_:
+    from_clock: str
+    to_clock: str
+    start: str
+    end: str
+    total_ns: float
+    logic_ns: float
+    routing_ns: float
+    levels: int                  # logic cells between the launching and capturing FFs
+    cells: list[str] = field(default_factory=list)
+
+    @property
+    def blocks(self) -> list[str]:
+        """The hierarchy (first two name components) the path runs through, in order."""
+        out: list[str] = []
+        for c in self.cells:
+            b = ".".join(c.split(".")[:2])
+            if not out or out[-1] != b:
+                out.append(b)
+        return out
+
+
+@dataclass
+class Report:
+    family: str
+    resources: list[Resource]
+    clocks: list[Clock]
+    critical_paths: list[Path_]
+
+    def as_dict(self) -> dict:
+        return {
+            "family": self.family,
+            "resources": [{"name": r.name, "used": r.used, "available": r.available,
+                           "percent": round(r.percent, 1)} for r in self.resources],
+            "clocks": [{"name": c.name, "achieved_mhz": round(c.achieved_mhz, 2),
+                        "target_mhz": round(c.target_mhz, 2), "met": c.met}
+                       for c in self.clocks],
+            "critical_paths": [{"from_clock": p.from_clock, "to_clock": p.to_clock,
+                                "start": p.start, "end": p.end,
+                                "total_ns": round(p.total_ns, 3),
+                                "logic_ns": round(p.logic_ns, 3),
+                                "routing_ns": round(p.routing_ns, 3), "levels": p.levels,
+                                "blocks": p.blocks} for p in self.critical_paths],
+        }
+
+    def table(self) -> str:
+        lines = [f"{'resource':<18}{'used':>8}{'available':>11}{'util':>8}"]
+        for r in self.resources:
+            lines.append(f"{r.name:<18}{r.used:>8}{r.available:>11}{r.percent:>7.1f}%")
+        lines.append("")
+        lines.append(f"{'clock':<28}{'Fmax MHz':>10}{'target':>9}  met")
+        for c in self.clocks:
+            lines.append(f"{c.name:<28}{c.achieved_mhz:>10.2f}{c.target_mhz:>9.2f}  "
+                         f"{'yes' if c.met else 'NO'}")
+        for p in self.critical_paths:
+            lines.append("")
+            lines.append(f"critical path {p.from_clock} -> {p.to_clock}: {p.total_ns:.2f} ns "
+                         f"({p.logic_ns:.2f} logic in {p.levels} levels, "
+                         f"{p.routing_ns:.2f} routing)")
+            lines.append(f"  from {p.start}")
+            lines.append(f"  to   {p.end}")
+            lines.append(f"  via  {' > '.join(p.blocks)}")
+        return "\n".join(lines)
+
+
+def _netlist_counts(folder: Path) -> Counter:
+    counts: Counter = Counter()
+    netlist = folder / "top.json"
+    if not netlist.exists():
+        return counts
+    for mod in json.loads(netlist.read_text())["modules"].values():
+        for cell in mod.get("cells", {}).values():
+            counts[cell["type"]] += 1
+    return counts
+
+
+def _path(entry: dict) -> Path_:
+    segs = entry.get("path", [])
+    logic = sum(s.get("delay", 0.0) for s in segs if s.get("type") in _LOGIC)
+    routing = sum(s.get("delay", 0.0) for s in segs if s.get("type") == "routing")
+    cells = [s["to"]["cell"] for s in segs if s.get("type") == "logic" and "to" in s]
+    start = segs[0]["from"] if segs else {}
+    end = segs[-1]["to"] if segs else {}
+    return Path_(entry.get("from", "?"), entry.get("to", "?"),
+                 f"{start.get('cell', '?')}.{start.get('port', '?')}",
+                 f"{end.get('cell', '?')}.{end.get('port', '?')}",
+                 logic + routing, logic, routing,
+                 sum(1 for s in segs if s.get("type") == "logic"), cells)
+
+
+def parse_report(folder: Path | str, family: str | None = None) -> Report:
+    """Read ``report.json`` (and ``top.json``) from a build folder."""
+    folder = Path(folder)
+    data = json.loads((folder / "report.json").read_text())
+    util = data.get("utilization", {})
+    if family is None:
+        family = "ice40" if "ICESTORM_LC" in util else "ecp5"
+    counts = _netlist_counts(folder) if family == "ice40" else Counter()
+    resources = []
+    for label, bel, cell_types in _ROWS[family]:
+        if bel not in util:
+            continue
+        used = util[bel]["used"]
+        if cell_types:
+            used = sum(n for t, n in counts.items() if t.startswith(cell_types))
+        resources.append(Resource(label, used, util[bel]["available"]))
+    clocks = [Clock(name, v["achieved"], v["constraint"])
+              for name, v in sorted(data.get("fmax", {}).items())]
+    paths = [_path(p) for p in data.get("critical_paths", [])]
+    return Report(family, resources, clocks, paths)

@@ -1,0 +1,61 @@
+"""Build plans for every board (nothing is run): the files Amaranth generates, the tool
+invocations, the Vivado project, and the configurations' checks."""
+
+from __future__ import annotations
+
+import pytest
+
+from fpgaccl.boards.top import FULL, SMALL, NodeConfig
+from fpgaccl.proto.reduce import DType, ReduceOp
+
+from ._deps import needs_boards
+
+
+@needs_boards
+@pytest.mark.parametrize("name", ["ecpix5-85", "ulx3s-85f", "icebreaker"])
+def test_open_flow_plan(name):
+    from fpgaccl.boards.build import make_plan
+    from fpgaccl.boards.platforms import BOARDS
+
+    board = BOARDS[name]
+    plan = make_plan(board, board.config)
+    script = plan.files["build_top.sh"]
+    for var in board.tools:
+        assert f'"${var}"' in script, f"{var} must come from the environment"
+    assert "--report report.json" in script
+    constraints = "top.pcf" if "NEXTPNR_ICE40" in board.tools else "top.lpf"
+    assert constraints in plan.files and "top.il" in plan.files
+    # The network link and the UART are on pins, so the datapath cannot be optimised out.
+    pins = plan.files[constraints]
+    assert "uart" in pins
+    assert ("nibble_link" in pins) or ("eth_rgmii" in pins)
+    # Same inputs, same plan: the digest is a usable cache key.
+    assert make_plan(board, board.config).digest() == plan.digest()
+    assert make_plan(board, board.config.replace(qps=1)).digest() != plan.digest()
+
+
+@needs_boards
+def test_vivado_project_plan(tmp_path):
+    from fpgaccl.boards.build import build
+
+    result = build("alveo-u55c", root=tmp_path)
+    assert not result.ran and result.bitstream is None
+    tcl = (result.folder / "top.tcl").read_text()
+    assert "create_project" in tcl and "-part xcu55c-fsvh2892-2L-e" in tcl
+    assert "create_ip -name cmac_usplus" in tcl and "write_bitstream" in tcl
+    verilog = (result.folder / "top.v").read_text()
+    assert "cmac_usplus_0" in verilog and "module top" in verilog
+    xdc = (result.folder / "top.xdc").read_text()
+    assert "AD42" in xdc          # QSFP0 reference clock
+    assert "BE45" in xdc          # HBM CATTRIP, driven low
+
+
+def test_configs_are_checked():
+    assert SMALL.width == 32 and SMALL.dtypes == (DType.INT32,) and SMALL.ops == (ReduceOp.SUM,)
+    assert FULL.width == 64 and set(FULL.dtypes) == {DType.INT32, DType.FLOAT32}
+    with pytest.raises(ValueError):
+        NodeConfig(width=48)
+    with pytest.raises(ValueError):
+        NodeConfig(width=32, dtypes=(DType.FLOAT64,))
+    with pytest.raises(ValueError):
+        NodeConfig(ops=(ReduceOp.BXOR,))
