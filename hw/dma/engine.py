@@ -73,7 +73,10 @@ class DmaEngine(wiring.Component):
         w = self.width
         nb = w // 8
         ctl, sts = self.ctl, self.sts
-        m.submodules.xlate = xl = Translator(host_windows=self.host_windows,
+        # One translator per mover (see translate.py: a shared one can deadlock a copy).
+        m.submodules.xl_rd = xr = Translator(host_windows=self.host_windows,
+                                             gpu_pages=self.gpu_pages)
+        m.submodules.xl_wr = xw = Translator(host_windows=self.host_windows,
                                              gpu_pages=self.gpu_pages)
         m.submodules.rd = rd = ReadMover(w, outstanding=self.outstanding)
         m.submodules.wr = wr = WriteMover(w, outstanding=self.outstanding)
@@ -85,33 +88,40 @@ class DmaEngine(wiring.Component):
         wiring.connect(m, wr.bus.aw, split.up.aw)
         wiring.connect(m, wr.bus.w, split.up.w)
         wiring.connect(m, split.up.b, wr.bus.b)
-        wiring.connect(m, xl.rd_seg, rd.seg)
-        wiring.connect(m, xl.wr_seg, wr.seg)
-        m.d.comb += [
-            xl.host.eq(self.host_win),
-            xl.gpu_va.eq(Cat(ctl.gpu_va_lo.value, ctl.gpu_va_hi.value)),
-            self.pte_addr.eq(xl.pte_addr), xl.pte_data.eq(self.pte_data),
-        ]
+        wiring.connect(m, xr.rd_seg, rd.seg)
+        wiring.connect(m, xw.wr_seg, wr.seg)
+        turn = Signal()
+        m.d.sync += turn.eq(~turn)
+        for xl, mine in ((xr, ~turn), (xw, turn)):
+            m.d.comb += [
+                xl.host.eq(self.host_win),
+                xl.gpu_va.eq(Cat(ctl.gpu_va_lo.value, ctl.gpu_va_hi.value)),
+                xl.pte_data.eq(self.pte_data), xl.pte_grant.eq(mine),
+            ]
+        m.d.comb += self.pte_addr.eq(Mux(turn, xw.pte_addr, xr.pte_addr))
         for mover, field in ((rd, ctl.control.max_rd), (wr, ctl.control.max_wr)):
             m.d.comb += mover.max_outstanding.eq(
                 Mux(field > self.outstanding, self.outstanding, field))
 
         # Saturating fault counters, cleared by a CSR write.
-        def counter(reg, clear, inc):
+        def counter(reg, clear, *incs):
             v = reg.value
+            n = sum(incs)
             with m.If(clear):
                 m.d.sync += v.eq(0)
-            with m.Elif(inc & (v != 0xFFFF_FFFF)):
-                m.d.sync += v.eq(v + 1)
+            with m.Elif(v + n > 0xFFFF_FFFF):
+                m.d.sync += v.eq(0xFFFF_FFFF)
+            with m.Else():
+                m.d.sync += v.eq(v + n)
 
         wqe_done = Signal()
         counter(sts.completed, self.clr.completed, wqe_done)
-        counter(sts.unmapped, self.clr.unmapped, xl.unmapped)
-        counter(sts.forbidden, self.clr.forbidden, xl.forbidden)
-        counter(sts.bus_errors, self.clr.bus_errors, rd.bus_error | wr.bus_error)
+        counter(sts.unmapped, self.clr.unmapped, xr.unmapped, xw.unmapped)
+        counter(sts.forbidden, self.clr.forbidden, xr.forbidden, xw.forbidden)
+        counter(sts.bus_errors, self.clr.bus_errors, rd.bus_error, wr.bus_error)
 
         # Descriptor registers toward the translator.
-        rq, wq = xl.rd_req, xl.wr_req
+        rq, wq = xr.rd_req, xw.wr_req
         with m.If(rq.ready):
             m.d.sync += rq.valid.eq(0)
         with m.If(wq.ready):

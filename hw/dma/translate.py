@@ -8,8 +8,12 @@ touched, since pinned pages are not contiguous on the bus.
 
 Every page of a descriptor is checked *before* its first segment leaves, so a refused
 descriptor moves no byte at all: it becomes one zero-length segment with the status.
-One translator serves the read and the write mover (alternating per descriptor), so the
-page table needs a single read port: exactly the CSR bank's memory-block port.
+
+A translator takes read and write descriptors (alternating per descriptor), but the DMA
+engine gives each mover its own: a copy streams the read mover into the write mover, so
+a translator stuck emitting one side's segments while the other side waits for its
+first would deadlock. The two share the bank's single page-table read port through
+``pte_grant`` (alternate cycles).
 """
 
 from __future__ import annotations
@@ -40,6 +44,9 @@ class Translator(wiring.Component):
             "gpu_va": In(64),
             "pte_addr": Out(range(gpu_pages)),
             "pte_data": In(32),
+            # The table's read port is ours this cycle (two translators share the
+            # bank's one port, alternating); tie high when the port is not shared.
+            "pte_grant": In(1, init=1),
             "unmapped": Out(1),     # pulse per refused descriptor, by reason
             "forbidden": Out(1),
         })
@@ -133,7 +140,7 @@ class Translator(wiring.Component):
             with m.State("HOST"), m.If(port_free):
                 send(desc.addr, desc.len, 1, Status.OK)
                 m.next = "IDLE"
-            with m.State("WALK"):
+            with m.State("WALK"), m.If(self.pte_grant):
                 m.next = "WALK_PTE"        # the page table answers a cycle later
             with m.State("WALK_PTE"):
                 with m.If(~pte.valid):
@@ -146,7 +153,7 @@ class Translator(wiring.Component):
                 with m.Else():
                     m.d.sync += page.eq(page + 1)
                     m.next = "WALK"
-            with m.State("EMIT"):
+            with m.State("EMIT"), m.If(self.pte_grant):
                 m.next = "EMIT_PTE"
             with m.State("EMIT_PTE"):
                 room = PAGE - off[:GPU_PAGE_BITS]

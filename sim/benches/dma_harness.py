@@ -70,7 +70,8 @@ class AxiPort:
         hs["b"] = bool(o["b_valid"] and s["b_ready"].value)
         self.hs = hs
 
-    def step(self) -> None:
+    def step(self, cycle: int) -> None:
+        self.model.cycle = cycle     # handshakes are stamped with the bench's cycle count
         self.model.commit(**self.hs)
         self.o = self.model.outputs()
         self._drive()
@@ -131,10 +132,12 @@ class TB:
             if dut.work__valid.value:
                 work = unpack(WQE, _u(dut.work__payload))
             done_taken = bool(dut.work_done__valid.value and dut.work_done__ready.value)
+            if self.csr_read is not None:
+                self._rdata = _u(dut.csr__r_data)
             await re
             self.cycle += 1
             for p in self.ports:
-                p.step()
+                p.step(self.cycle)
             self._csr_step()
             self._work_step(work, done_taken)
             for k in self.kernels:
@@ -142,10 +145,13 @@ class TB:
 
     def _csr_step(self) -> None:
         dut = self.dut
-        if self.csr_read is not None:        # read data is valid the cycle after r_stb
+        if self.csr_read is not None and self.cycle > self.csr_read.cycle + 1:
+            # r_data is registered: sampled at the falling edge after the r_stb edge.
             op, self.csr_read = self.csr_read, None
-            op.result = _u(dut.csr__r_data)
+            op.result = self._rdata
             op.done.set()
+        elif self.csr_read is not None:
+            return
         dut.csr__w_stb.value = 0
         dut.csr__r_stb.value = 0
         if self.csr_q:
@@ -212,7 +218,7 @@ class Driver:
         self.cq_head = 0
         self.next_id = 1
 
-    async def setup(self, *, host_windows=((0, 1 << 32, True, True),),
+    async def setup(self, *, host_windows=((0, 0xFFFF_F000, True, True),),
                     flag_va: int | None = None, enable: bool = True, max_rd: int = 16,
                     max_wr: int = 16) -> None:
         tb = self.tb
@@ -244,6 +250,12 @@ class Driver:
                                page=pte.bus >> 16)
             await self.tb.csr_write(f"dma_gpt.pte{pte.index}", value)
 
+    async def unregister_gpu(self, va: int, nbytes: int) -> None:
+        """Invalidate the entries (the page table lives in RAM: reset does not clear it)."""
+        first = (va - VA_BASE) >> 16
+        for i in range(first, -(-(va + nbytes - VA_BASE) // (1 << 16))):
+            await self.tb.csr_write(f"dma_gpt.pte{i}", 0)
+
     def put_wqe(self, **fields: int) -> int:
         """Write an entry into the SQ (no doorbell); returns its wr_id."""
         fields.setdefault("wr_id", self.next_id)
@@ -260,6 +272,9 @@ class Driver:
     async def doorbell(self, who: str = "host") -> _CsrOp:
         return await self.tb.csr_write("dma.sq_tail", index=self.tail, who=who)
 
+    async def doorbell_after(self, _wr_id: int, who: str = "host") -> _CsrOp:
+        return await self.doorbell(who)
+
     def poll_cqe(self) -> dict | None:
         slot = self.cq_head % (1 << self.cq_log2)
         raw = self.tb.host.mem.read(self.CQ + slot * CQE_BYTES, CQE_BYTES)
@@ -270,7 +285,13 @@ class Driver:
         self.cq_head = (self.cq_head + 1) & 0xFFFF
         return cqe
 
-    async def reap(self, n: int, timeout: int = 200_000) -> list[dict]:
+    async def idle(self) -> None:
+        """Until the engine is idle (the last CQE's and flag's writes have completed)."""
+        status = self.tb.rmap["dma"]["status"]
+        while status.decode(await self.tb.csr_read_reg("dma.status"))["busy"]:
+            await self.tb.wait_cycles(8)
+
+    async def reap(self, n: int, timeout: int = 100_000) -> list[dict]:
         out: list[dict] = []
         waited = 0
         while len(out) < n:
@@ -279,7 +300,12 @@ class Driver:
                 await self.tb.wait_cycles(8)
                 waited += 8
                 if waited > timeout:
-                    raise AssertionError(f"only {len(out)} of {n} completions")
+                    regs = {r: await self.tb.csr_read_reg(f"dma.{r}") for r in (
+                        "status", "sq_head", "cq_tail", "unmapped", "forbidden",
+                        "bus_errors")}
+                    raise AssertionError(
+                        f"only {len(out)} of {n} completions; {regs}; "
+                        f"host {self.tb.host.counts}, gpu {self.tb.gpu.counts}")
                 continue
             out.append(cqe)
         await self.tb.csr_write("dma.cq_head", self.cq_head)

@@ -60,6 +60,7 @@ async def copy_host_to_host(dut, stall: float) -> None:
         assert tb.host.mem.read(d, len(payload)) == payload, f"wr_id {wr_id}"
         assert tb.host.guards_intact(d, len(payload), GUARD, guard_byte=0x5A)
     _writes_inside(tb.host, ranges)
+    await drv.idle()
     assert await tb.csr_read_reg("dma.completed") == len(jobs)
     assert await tb.csr_read_reg("dma.sq_head") == len(jobs)
 
@@ -151,7 +152,8 @@ async def unmapped_and_forbidden(dut) -> None:
                                   (HOST_BUF, 0x10_0000, True, True),
                                   (ro, 0x1000, True, False)))
     va = tb.gpu.alloc(2 * GPU_PAGE)
-    await drv.register_gpu(va, GPU_PAGE, write=False)    # second page left unmapped
+    await drv.register_gpu(va, GPU_PAGE, write=False)
+    await drv.unregister_gpu(va + GPU_PAGE, GPU_PAGE)      # earlier tests' entry cleared
     dst = HOST_BUF + 0x100
     tb.host.alloc_guarded(dst, bytes(256), GUARD, guard_byte=0x3C)
     tb.host.alloc_guarded(ro, b"\x11" * 256, GUARD)

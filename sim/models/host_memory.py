@@ -66,6 +66,7 @@ class AxiMemory:
         self.cycle = 0
         self.counts = {"ar": 0, "r": 0, "aw": 0, "w": 0, "b": 0}
         self.first_ar_cycle: int | None = None
+        self.beat_cycles = {"r": [None, None], "w": [None, None]}   # first, last handshake
 
     def _ok(self, addr: int, length: int) -> bool:
         return self.base <= addr and addr + length <= self.base + self.size
@@ -103,6 +104,7 @@ class AxiMemory:
             self.r_valid = False
             self.r_tokens -= 1
             self.counts["r"] += 1
+            self._mark("r", c)
         if b:
             self.b_q.popleft()
             self.b_valid = False
@@ -130,6 +132,7 @@ class AxiMemory:
         if w is not None:
             self.counts["w"] += 1
             self.w_tokens -= 1
+            self._mark("w", c)
             burst = self.aw_q[0]
             addr = burst.addr + burst.done * nb
             strb = w["strb"]
@@ -144,6 +147,17 @@ class AxiMemory:
         self.r_tokens = min(self.r_tokens + self.bandwidth, 1.0 + self.bandwidth)
         self.w_tokens = min(self.w_tokens + self.bandwidth, 1.0 + self.bandwidth)
         self.cycle += 1
+
+    def _mark(self, ch: str, c: int) -> None:
+        span = self.beat_cycles[ch]
+        if span[0] is None:
+            span[0] = c
+        span[1] = c
+
+    def reset_stats(self) -> None:
+        self.counts = dict.fromkeys(self.counts, 0)
+        self.first_ar_cycle = None
+        self.beat_cycles = {"r": [None, None], "w": [None, None]}
 
     def idle(self) -> bool:
         return not (self.r_q or self.aw_q or self.b_q)
