@@ -194,8 +194,8 @@ class Communicator:
         if r.array.dtype != s.array.dtype:
             raise DtypeMismatchError("recvbuf", f"{r.array.dtype} differs from sendbuf's "
                                      f"{s.array.dtype}")
-        return s, r, np.shares_memory(s.array, r.array) and s.array.ctypes.data == \
-            r.array.ctypes.data
+        same = s.array.ctypes.data == r.array.ctypes.data and s.array.nbytes == r.array.nbytes
+        return s, r, same
 
     def _root(self, root: int) -> int:
         if not isinstance(root, int | np.integer) or not 0 <= root < self.world_size:

@@ -21,12 +21,18 @@ from typing import Any
 
 import numpy as np
 
-from fpgaccl.errors import CollectiveTimeoutError, FpgacclError, TransportError
+from fpgaccl.errors import (
+    CollectiveTimeoutError,
+    CountMismatchError,
+    FpgacclError,
+    InvalidArgumentError,
+    TransportError,
+)
 from fpgaccl.proto.drops import DropReason
 from fpgaccl.proto.opcodes import ROCEV2_UDP_PORT, SUPPORTED_OPCODES, Opcode
 
 from . import wire
-from .qp import _WRITES, Completion, MemoryRegion, Message, QueuePair
+from .qp import _WRITES, Arrival, Completion, MemoryRegion, Message, QueuePair
 
 Program = Generator[Any, None, None]
 """A collective schedule: yields Completions (or iterables of them) to wait on."""
@@ -77,7 +83,6 @@ class Engine:
                  rto_s: float = 0.05, link: Callable | None = None,
                  tap: Callable | None = None) -> None:
         if mtu not in VALID_MTUS:
-            from fpgaccl.errors import InvalidArgumentError
             raise InvalidArgumentError("mtu", f"{mtu} is not one of {VALID_MTUS}")
         self.rank = rank
         self.bind_ip = bind_ip
@@ -331,8 +336,7 @@ class Engine:
                     posted.remove(op)
             qp.arrived.extendleft(reversed(keep))
 
-    def _deliver(self, qp: QueuePair, op: RecvOp, a) -> None:
-        from fpgaccl.errors import CountMismatchError
+    def _deliver(self, qp: QueuePair, op: RecvOp, a: Arrival) -> None:
         start = a.slot * self.slot_bytes
         src = qp.ring.buf[start:start + a.length]
         end = op.off + a.length
@@ -388,14 +392,14 @@ class Engine:
                 job.finish()
                 continue
             except BaseException as e:
+                # Whatever failed mid-schedule, peers and queue pairs are now out of step
+                # with this rank: later jobs cannot be trusted to match, so fail them too.
                 self._jobs.popleft()
                 job.finish(e)
-                if not isinstance(e, FpgacclError) or isinstance(
-                        e, CollectiveTimeoutError | TransportError) or err is not None:
-                    self.failed = e
-                    for other in self._jobs:
-                        other.finish(TransportError(f"aborted after {job.name} failed: {e}"))
-                    self._jobs.clear()
+                self.failed = e
+                for other in self._jobs:
+                    other.finish(TransportError(f"aborted after {job.name} failed: {e}"))
+                self._jobs.clear()
                 continue
             job.waiting = _flatten(got)
             if self.arrivals_dirty:

@@ -14,14 +14,13 @@ bounds receive memory to ``slots x slot_bytes`` per peer whatever the user buffe
 
 from __future__ import annotations
 
-import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from fpgaccl.errors import RemoteAccessError, TransportError
+from fpgaccl.errors import RemoteAccessError
 from fpgaccl.proto.drops import DropReason
 from fpgaccl.proto.opcodes import (
     AETH_OPCODES,
@@ -355,8 +354,4 @@ class QueuePair:
         self.post(Message(memoryview(b""), wire.pack_imm(slot, wire.STEP_CREDIT), None))
 
 
-def now() -> float:
-    return time.monotonic()
-
-
-__all__ = ["Arrival", "Completion", "MemoryRegion", "Message", "QueuePair", "TransportError"]
+__all__ = ["Arrival", "Completion", "MemoryRegion", "Message", "QueuePair"]
