@@ -3,7 +3,16 @@ out, one beat per cycle, fixed latency."""
 
 from __future__ import annotations
 
-from amaranth.hdl import Cat, EnableInserter, Module, Signal, Value
+from amaranth.hdl import (
+    Cat,
+    ClockSignal,
+    EnableInserter,
+    Instance,
+    Module,
+    ResetSignal,
+    Signal,
+    Value,
+)
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
@@ -23,6 +32,20 @@ LANE_LATENCY = max(IntLane.latency, FloatAdd.latency, FloatMul.latency, FloatMin
 LATENCY = LANE_LATENCY + 1
 
 
+def _lane_kinds() -> dict[tuple[str, str], tuple[int, object, int]]:
+    """(kind, type) -> (element width, lane factory, lane latency), for every lane kind."""
+    kinds: dict[tuple[str, str], tuple[int, object, int]] = {}
+    for w in INT_WIDTHS:
+        kinds["int", str(w)] = (w, lambda w=w: IntLane(w), IntLane.latency)
+    for d in FLOAT_TYPES:
+        fmt = FloatFormat(d.info.exp_bits, d.info.frac_bits)
+        name = d.name.lower()
+        kinds["add", name] = (d.bits, lambda fmt=fmt: FloatAdd(fmt), FloatAdd.latency)
+        kinds["mul", name] = (d.bits, lambda fmt=fmt: FloatMul(fmt), FloatMul.latency)
+        kinds["minmax", name] = (d.bits, lambda fmt=fmt: FloatMinMax(fmt), FloatMinMax.latency)
+    return kinds
+
+
 def _delay(m: Module, v: Value, cycles: int, name: str) -> Value:
     for i in range(cycles):
         r = Signal(len(v), name=f"{name}_d{i}")
@@ -31,17 +54,49 @@ def _delay(m: Module, v: Value, cycles: int, name: str) -> Value:
     return v
 
 
+class StallableLane(wiring.Component):
+    """A lane with its registers gated by ``en``: the form in which a lane is exported
+    as a module of its own (see ``separate_lanes``)."""
+
+    def __init__(self, lane: wiring.Component) -> None:
+        self.lane = lane
+        super().__init__({**dict(lane.signature.members.items()), "en": In(1)})
+
+    def elaborate(self, platform) -> Module:
+        m = Module()
+        m.submodules.lane = EnableInserter(self.en)(self.lane)
+        for name, member in self.lane.signature.members.items():
+            if member.flow == wiring.In:
+                m.d.comb += getattr(self.lane, name).eq(getattr(self, name))
+            else:
+                m.d.comb += getattr(self, name).eq(getattr(self.lane, name))
+        return m
+
+
 class ReduceDatapath(wiring.Component):
     """The lanes and the result select, as a plain pipeline with no flow control: every
-    register advances every cycle. :class:`ReduceUnit` stalls it with an enable."""
+    register advances every cycle. :class:`ReduceUnit` stalls it with an enable.
 
-    def __init__(self, width: int) -> None:
+    With ``separate_lanes`` the lanes become instances of external modules, one module
+    per lane kind (:attr:`lane_modules` maps each module name to a factory of its
+    :class:`StallableLane`): a simulator then compiles each kind once rather than once
+    per lane, which at 512 bits is the difference between seconds and many minutes.
+    Registers in those lanes are gated by ``en`` explicitly, since an enable inserted
+    around this component does not reach into instances.
+    """
+
+    def __init__(self, width: int, *, separate_lanes: bool = False) -> None:
         self.width = width
+        self.separate_lanes = separate_lanes
+        self.lane_modules = {
+            f"fpgaccl_reduce_{kind}_{name}": (lambda make=make: StallableLane(make()))
+            for (kind, name), (_, make, _) in _lane_kinds().items()}
         super().__init__({
             "a": In(width),
             "b": In(width),
             "dtype": In(DTYPE_BITS),
             "op": In(OP_BITS),
+            "en": In(1),
             "o": Out(width),
         })
 
@@ -50,13 +105,22 @@ class ReduceDatapath(wiring.Component):
         width = self.width
         results: dict[tuple[str, object], Value] = {}
 
-        def lanes(key, elem_w, make, latency, **ctl):
+        def lanes(key, **ctl):
             """``width // elem_w`` copies of a lane, their outputs concatenated."""
+            elem_w, make, latency = _lane_kinds()[key]
             out = Signal(width, name=f"{key[0]}_{key[1]}")
+            module = f"fpgaccl_reduce_{key[0]}_{key[1]}"
             for i in range(width // elem_w):
-                lane = make()
-                m.submodules[f"{key[0]}_{key[1]}_{i}"] = lane
                 sl = slice(i * elem_w, (i + 1) * elem_w)
+                name = f"{key[0]}_{key[1]}_{i}"
+                if self.separate_lanes:
+                    m.submodules[name] = Instance(
+                        module, i_clk=ClockSignal(), i_rst=ResetSignal(), i_en=self.en,
+                        i_a=self.a[sl], i_b=self.b[sl], o_o=out[sl],
+                        **{f"i_{k}": v for k, v in ctl.items()})
+                    continue
+                lane = make()
+                m.submodules[name] = lane
                 m.d.comb += [lane.a.eq(self.a[sl]), lane.b.eq(self.b[sl]), out[sl].eq(lane.o)]
                 for k, v in ctl.items():
                     m.d.comb += getattr(lane, k).eq(v)
@@ -67,16 +131,17 @@ class ReduceDatapath(wiring.Component):
             for d in DType:
                 with m.Case(d):
                     m.d.comb += is_signed.eq(d.is_signed)
+            with m.Default():
+                m.d.comb += is_signed.eq(0)
         for w in INT_WIDTHS:
-            lanes(("int", w), w, lambda w=w: IntLane(w), IntLane.latency,
-                  op=self.op, is_signed=is_signed)
+            lanes(("int", str(w)), op=self.op, is_signed=is_signed)
+        is_max = Signal()
+        m.d.comb += is_max.eq(self.op == ReduceOp.MAX)
         for d in FLOAT_TYPES:
-            fmt = FloatFormat(d.info.exp_bits, d.info.frac_bits)
             name = d.name.lower()
-            lanes(("add", name), d.bits, lambda fmt=fmt: FloatAdd(fmt), FloatAdd.latency)
-            lanes(("mul", name), d.bits, lambda fmt=fmt: FloatMul(fmt), FloatMul.latency)
-            lanes(("minmax", name), d.bits, lambda fmt=fmt: FloatMinMax(fmt),
-                  FloatMinMax.latency, is_max=self.op == ReduceOp.MAX)
+            lanes(("add", name))
+            lanes(("mul", name))
+            lanes(("minmax", name), is_max=is_max)
 
         bitwise = Signal(width)
         with m.Switch(self.op):
@@ -107,7 +172,10 @@ class ReduceDatapath(wiring.Component):
                             m.d.sync += self.o.eq(results["minmax", name])
                     else:
                         with m.Default():
-                            m.d.sync += self.o.eq(results["int", d.bits])
+                            m.d.sync += self.o.eq(results["int", str(d.bits)])
+            with m.Default():
+                # A code proto does not define: zeros, not the previous beat's data.
+                m.d.sync += self.o.eq(0)
         return m
 
 
@@ -128,10 +196,11 @@ class ReduceUnit(wiring.Component):
 
     latency = LATENCY
 
-    def __init__(self, width: int) -> None:
+    def __init__(self, width: int, *, separate_lanes: bool = False) -> None:
         if width < 64 or width % 64:
             raise ValueError(f"reduction width must be a multiple of 64, not {width}")
         self.width = width
+        self.path = ReduceDatapath(width, separate_lanes=separate_lanes)
         super().__init__({
             "a": In(beat_stream(width)),
             "b": In(beat_stream(width)),
@@ -144,8 +213,9 @@ class ReduceUnit(wiring.Component):
         m = Module()
         advance = Signal()
         m.d.comb += advance.eq(~self.o.valid | self.o.ready)
-        path = ReduceDatapath(self.width)
+        path = self.path
         m.submodules.path = EnableInserter(advance)(path)
+        m.d.comb += path.en.eq(advance)
 
         both = self.a.valid & self.b.valid
         take = Signal()
