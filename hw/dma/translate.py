@@ -166,6 +166,8 @@ class Translator(wiring.Component):
                     m.next = "EMIT"
                     with m.If(done):
                         m.next = "IDLE"
+                with m.Else():
+                    m.next = "EMIT"    # the entry is on the port this cycle only: re-read
             with m.State("REFUSE"), m.If(port_free):
                 send(desc.addr, 0, 1, status)
                 m.next = "IDLE"

@@ -24,17 +24,18 @@ from .dma_harness import TB, Driver
 
 async def _copy(tb, drv, **wqe) -> tuple[dict, int]:
     for model in (tb.host, tb.gpu):
-        model.reset_stats()
+        model.reset_stats(tracing=True)
     op = await drv.doorbell_after(drv.put_wqe(opcode=Opcode.COPY, **wqe))
     (cqe,) = await drv.reap(1)
     assert cqe["status"] == Status.OK, cqe
     return cqe, op.cycle + 1
 
 
-def _rate(model, ch: str, beats: int) -> dict:
-    first, last = model.beat_cycles[ch]
-    assert model.counts[ch] >= beats
-    return {"beats": beats, "cycles": last - first + 1,
+def _rate(model, ch: str, lo: int, size: int, nb: int) -> dict:
+    """Beats/cycle of the copy's own beats (not the SQ fetch's nor the CQE's)."""
+    beats, first, last = model.beat_span(ch, lo & ~(nb - 1), lo + size)
+    assert beats == -(-(lo % nb + size) // nb)
+    return {"beats": beats, "cycles": last - first + 1, "first_cycle": first,
             "beats_per_cycle": round(beats / (last - first + 1), 4)}
 
 
@@ -43,7 +44,6 @@ async def throughput(dut) -> None:
     p = bench_params()
     width, latency, size = p["width"], p["latency"], p["bytes"]
     nb = width // 8
-    beats = size // nb
     tb = TB(dut, width=width, gpu_pages=64,
             host_kw={"rd_latency": latency, "wr_latency": latency},
             gpu_kw={"rd_latency": 8, "wr_latency": 8})
@@ -59,13 +59,14 @@ async def throughput(dut) -> None:
         await tb.csr_write("dma.control", enable=1, max_rd=n, max_wr=16)
         _, t0 = await _copy(tb, drv, src_space=Space.HOST, dst_space=Space.GPU,
                             src_addr=host_buf, dst_addr=va, len=size)
-        rd = _rate(tb.host, "r", beats)
-        rd["first_beat_after_doorbell"] = tb.host.beat_cycles["r"][0] - t0
+        rd = _rate(tb.host, "r", host_buf, size, nb)
+        rd["first_beat_after_doorbell"] = rd.pop("first_cycle") - t0
         assert tb.gpu.read_va(va, size) == tb.host.mem.read(host_buf, size)
         await tb.csr_write("dma.control", enable=1, max_rd=16, max_wr=n)
         _, _ = await _copy(tb, drv, src_space=Space.GPU, dst_space=Space.HOST,
                            src_addr=va, dst_addr=host_buf + 2 * size, len=size)
-        wr = _rate(tb.host, "w", beats)
+        wr = _rate(tb.host, "w", host_buf + 2 * size, size, nb)
+        wr.pop("first_cycle")
         rows.append({"outstanding": n, "read": rd, "write": wr})
         cocotb.log.info("outstanding %2d: read %.3f, write %.3f beats/cycle", n,
                         rd["beats_per_cycle"], wr["beats_per_cycle"])

@@ -186,6 +186,7 @@ async def unmapped_and_forbidden(dut) -> None:
     assert await tb.csr_read_reg("dma.unmapped") == 4
     assert await tb.csr_read_reg("dma.forbidden") == 2
     await tb.csr_write("dma.unmapped")
+    await tb.wait_cycles(2)           # the clear strobe lands a cycle after the write
     assert await tb.csr_read_reg("dma.unmapped") == 0
     assert await tb.csr_read_reg("dma.bus_errors") == 0
 

@@ -55,7 +55,8 @@ class AxiMemory:
     def __post_init__(self) -> None:
         self.nb = self.width // 8
         self.rng = random.Random(self.seed)
-        self.r_q: deque[tuple[int, int, int, int]] = deque()   # (due, data, resp, last)
+        # (due, data, resp, last, addr)
+        self.r_q: deque[tuple[int, int, int, int, int]] = deque()
         self.reads = 0                 # ARs not yet fully answered
         self.aw_q: deque[_Burst] = deque()
         self.aw_resp: deque[int] = deque()
@@ -66,7 +67,8 @@ class AxiMemory:
         self.cycle = 0
         self.counts = {"ar": 0, "r": 0, "aw": 0, "w": 0, "b": 0}
         self.first_ar_cycle: int | None = None
-        self.beat_cycles = {"r": [None, None], "w": [None, None]}   # first, last handshake
+        self.trace: dict[str, list[tuple[int, int]]] = {"r": [], "w": []}  # (cycle, addr)
+        self.tracing = False
 
     def _ok(self, addr: int, length: int) -> bool:
         return self.base <= addr and addr + length <= self.base + self.size
@@ -99,12 +101,14 @@ class AxiMemory:
         c = self.cycle
         nb = self.nb
         if r:
-            if self.r_q.popleft()[3]:
+            beat = self.r_q.popleft()
+            if beat[3]:
                 self.reads -= 1
             self.r_valid = False
             self.r_tokens -= 1
             self.counts["r"] += 1
-            self._mark("r", c)
+            if self.tracing:
+                self.trace["r"].append((c, beat[4]))
         if b:
             self.b_q.popleft()
             self.b_valid = False
@@ -122,7 +126,7 @@ class AxiMemory:
             due = c + self.rd_latency
             for i in range(beats):
                 self.r_q.append((due, int.from_bytes(raw[i * nb:(i + 1) * nb], "little"),
-                                 OKAY if ok else SLVERR, int(i == beats - 1)))
+                                 OKAY if ok else SLVERR, int(i == beats - 1), addr + i * nb))
         if aw is not None:
             self.counts["aw"] += 1
             addr = aw["addr"] & ~(nb - 1)
@@ -132,9 +136,10 @@ class AxiMemory:
         if w is not None:
             self.counts["w"] += 1
             self.w_tokens -= 1
-            self._mark("w", c)
             burst = self.aw_q[0]
             addr = burst.addr + burst.done * nb
+            if self.tracing:
+                self.trace["w"].append((c, addr))
             strb = w["strb"]
             if strb and self.aw_resp[0] == OKAY:
                 self.mem.write_beat(addr, w["data"], strb, nb)
@@ -148,16 +153,16 @@ class AxiMemory:
         self.w_tokens = min(self.w_tokens + self.bandwidth, 1.0 + self.bandwidth)
         self.cycle += 1
 
-    def _mark(self, ch: str, c: int) -> None:
-        span = self.beat_cycles[ch]
-        if span[0] is None:
-            span[0] = c
-        span[1] = c
-
-    def reset_stats(self) -> None:
+    def reset_stats(self, tracing: bool = False) -> None:
         self.counts = dict.fromkeys(self.counts, 0)
         self.first_ar_cycle = None
-        self.beat_cycles = {"r": [None, None], "w": [None, None]}
+        self.tracing = tracing
+        self.trace = {"r": [], "w": []}
+
+    def beat_span(self, ch: str, lo: int, hi: int) -> tuple[int, int, int]:
+        """(beats, first cycle, last cycle) of traced ``ch`` beats in [lo, hi)."""
+        cycles = [c for c, a in self.trace[ch] if lo <= a < hi]
+        return len(cycles), cycles[0], cycles[-1]
 
     def idle(self) -> bool:
         return not (self.r_q or self.aw_q or self.b_q)

@@ -2,6 +2,7 @@
 the GPU page table (per-page segments, scattered pages, unmapped and read-only pages,
 below/above the window), zero-length descriptors, and read/write arbitration."""
 
+import pytest
 from amaranth.sim import Simulator
 
 from fpgaccl.hw.dma.layouts import PTE, Space, Status
@@ -14,19 +15,24 @@ PAGE = 1 << 16
 
 
 class PteRam:
-    """The bank's memory-block read port: data for the address of the previous cycle."""
+    """The bank's memory-block read port: data for the address of the previous cycle.
+    ``shared``: granted every other cycle; otherwise the port shows another user's word."""
 
-    def __init__(self, dut, table):
-        self.dut, self.table, self.data = dut, table, 0
+    def __init__(self, dut, table, shared=False):
+        self.dut, self.table, self.data, self.shared = dut, table, 0, shared
+        self.cycle = 0
 
     def drive(self, ctx):
+        self.grant = not self.shared or self.cycle % 2 == 0
+        ctx.set(self.dut.pte_grant, self.grant)
         ctx.set(self.dut.pte_data, self.data)
 
     def sample(self, ctx):
         self.addr = ctx.get(self.dut.pte_addr)
 
     def commit(self):
-        self.data = self.table.get(self.addr, 0)
+        self.data = self.table.get(self.addr, 0) if self.grant else 0xDEAD_BEEF
+        self.cycle += 1
 
 
 class Config:
@@ -54,7 +60,8 @@ def _pte(bus, read=1, write=1):
     return pack(PTE, {"valid": 1, "read": read, "write": write, "page": bus >> 16})
 
 
-def test_translation():
+@pytest.mark.parametrize("shared", [False, True])
+def test_translation(shared):
     dut = Translator(host_windows=2, gpu_pages=8)
     windows = [(0x1000_0000, 0x10_0000, 1, 1), (0xFFFF_FFFF_FFFF_0000, 0x1_0000, 1, 0)]
     table = {0: _pte(0x38_0005_0000), 1: _pte(0x38_0002_0000), 2: _pte(0x38_0009_0000, 1, 0)}
@@ -96,7 +103,7 @@ def test_translation():
     sim.add_clock(1e-8)
 
     async def tb(ctx):
-        await run_agents(ctx, [Config(dut, windows), PteRam(dut, table), rs, ws, rseg, wseg,
+        await run_agents(ctx, [Config(dut, windows), PteRam(dut, table, shared), rs, ws, rseg, wseg,
                                Count()],
                          lambda: rs.sent == len(reads) and ws.sent == len(writes)
                          and sum(s["last"] for s in rseg.items) == len(reads)
