@@ -173,12 +173,16 @@ class RoceBuilder(wiring.Component):
         icrc_reg = Signal(32)
         icrc = Signal(32)
         m.d.comb += icrc.eq(Mux(ends_here, final_now, icrc_reg))
+        # The ICRC slot bytes of ``body`` are zero: OR the ICRC in, shifted to frame byte
+        # L - 4 (it may have started in the previous beat: rem in -3..-1).
+        lead = 8 * (ICRC_BYTES - 1)
+        shifted = Signal(W + lead)
+        at = Signal(range(N + ICRC_BYTES))
+        m.d.comb += at.eq(rem + ICRC_BYTES - 1)
+        with m.If((rem > -ICRC_BYTES) & (rem < N)):
+            m.d.comb += shifted.eq(icrc << (at * 8))
         out = Signal(W)
-        m.d.comb += out.eq(body)
-        for i in range(N):
-            for d in range(ICRC_BYTES):
-                with m.If(rem == i - d):
-                    m.d.comb += out[i * 8:(i + 1) * 8].eq(icrc[d * 8:(d + 1) * 8])
+        m.d.comb += out.eq(body | shifted[lead:])
         last = Signal()
         m.d.comb += last.eq(krem <= N)
 

@@ -44,14 +44,17 @@ class RecordSource:
 class TB:
     def __init__(self, dut, *, idle: float, stall: float, seed: int) -> None:
         self.dut = dut
-        self.width = bench_params()["width"]
+        params = bench_params()
+        self.width = params["width"]
+        # Port names: the builder alone (hdr/i/o) or inside NetPort (tx_hdr/tx_payload/tx).
+        ports = {"hdr": "hdr", "i": "i", "o": "o", **params.get("ports", {})}
         self.rng = random.Random(seed)
         Clock(dut.clk, 4, unit="ns").start()
-        self.hdr = RecordSource(dut, "hdr", dut.clk, idle_prob=idle,
+        self.hdr = RecordSource(dut, ports["hdr"], dut.clk, idle_prob=idle,
                                 rng=random.Random(self.rng.random()))
-        self.source = StreamSource(dut, "i", dut.clk, self.width, idle_prob=idle,
+        self.source = StreamSource(dut, ports["i"], dut.clk, self.width, idle_prob=idle,
                                    rng=random.Random(self.rng.random()))
-        self.sink = StreamSink(dut, "o", dut.clk, self.width, stall_prob=stall,
+        self.sink = StreamSink(dut, ports["o"], dut.clk, self.width, stall_prob=stall,
                                rng=random.Random(self.rng.random()))
 
     async def reset(self) -> None:
@@ -91,7 +94,7 @@ class TB:
         cycles = 100 + total * 6 // (self.width // 8) + 20 * len(packets)
         await with_timeout(cocotb.start_soon(check()), cycles * 4, "ns")
         await ClockCycles(self.dut.clk, 5)
-        assert not self.dut.o__valid.value, "unexpected output beat"
+        assert not self.sink.valid.value, "unexpected output beat"
 
 
 @cocotb.test()
@@ -121,7 +124,7 @@ async def back_to_back_full_rate(dut) -> None:
         while True:
             await RisingEdge(dut.clk)
             cycle += 1
-            if dut.o__valid.value and dut.o__ready.value:
+            if tb.sink.valid.value and tb.sink.ready.value:
                 beats += 1
                 span[0] = cycle if span[0] is None else span[0]
                 span[1] = cycle

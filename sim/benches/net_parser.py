@@ -46,14 +46,17 @@ class RecordSink:
 class TB:
     def __init__(self, dut, *, idle: float, stall: float, seed: int) -> None:
         self.dut = dut
-        self.width = bench_params()["width"]
+        params = bench_params()
+        self.width = params["width"]
+        # Port names: the parser alone (i/hdr/o) or inside NetPort (rx/rx_hdr/rx_payload).
+        self.ports = ports = {"i": "i", "hdr": "hdr", "o": "o", **params.get("ports", {})}
         self.rng = random.Random(seed)
         Clock(dut.clk, 4, unit="ns").start()
-        self.source = StreamSource(dut, "i", dut.clk, self.width, idle_prob=idle,
+        self.source = StreamSource(dut, ports["i"], dut.clk, self.width, idle_prob=idle,
                                    rng=random.Random(self.rng.random()))
-        self.sink = StreamSink(dut, "o", dut.clk, self.width, stall_prob=stall,
+        self.sink = StreamSink(dut, ports["o"], dut.clk, self.width, stall_prob=stall,
                                rng=random.Random(self.rng.random()))
-        self.hdr = RecordSink(dut, "hdr", dut.clk, stall_prob=stall,
+        self.hdr = RecordSink(dut, ports["hdr"], dut.clk, stall_prob=stall,
                               rng=random.Random(self.rng.random()))
 
     async def reset(self) -> None:
@@ -103,8 +106,8 @@ class TB:
         await with_timeout(pay_task, cycles * 4, "ns")
         await ClockCycles(self.dut.clk, 10)
         # Nothing more may come out: no payload or header of a dropped frame.
-        assert not self.dut.hdr__valid.value, "unexpected header record"
-        assert not self.dut.o__valid.value, "unexpected payload beat"
+        assert not self.hdr.valid.value, "unexpected header record"
+        assert not self.sink.valid.value, "unexpected payload beat"
         got = self.counters()
         for r in PARSER_DROPS:
             assert got[int(r)] == drops[r], f"{r.name}: counted {got[int(r)]}, want {drops[r]}"
@@ -145,7 +148,7 @@ async def back_to_back_full_rate(dut) -> None:
         nonlocal stalls
         while True:
             await RisingEdge(dut.clk)
-            if dut.i__valid.value and not dut.i__ready.value:
+            if tb.source.valid.value and not tb.source.ready.value:
                 stalls += 1
 
     cocotb.start_soon(count_stalls())
