@@ -211,6 +211,11 @@ class Engine:
             except OSError as e:
                 if e.errno in (errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH):
                     return  # the peer is gone; its timeout will surface
+                if e.errno == errno.EMSGSIZE:
+                    raise TransportError(
+                        f"a {sum(len(p) for p in parts)}-byte datagram does not fit the link "
+                        f"to {addr[0]} (DF is set, as RoCEv2 requires): choose a smaller mtu"
+                    ) from None
                 raise
 
     def drop(self, reason: DropReason) -> None:
@@ -248,7 +253,7 @@ class Engine:
                         pass
         except BaseException as e:  # the engine must never die silently
             self.failed = e
-            for job in self._jobs:
+            for job in (*self._jobs, *self._submitted):
                 job.finish(e)
 
     def _poll_ms(self, now: float) -> int:
