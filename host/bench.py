@@ -14,6 +14,7 @@ import datetime as _dt
 import json
 import os
 import platform
+import resource
 import subprocess
 import sys
 import time
@@ -273,8 +274,17 @@ def worker(args: argparse.Namespace) -> int:
                 bar = "#" * int(30 * (k + 1) / len(size_list))
                 print(f"\r[{bar:<30}] {k + 1}/{len(size_list)} sizes, {elapsed:.0f} s",
                       end="" if k + 1 < len(size_list) else "\n", file=sys.stderr, flush=True)
+    # Peak resident memory (max over ranks) against the largest user buffer, for the
+    # "2x user buffer plus a bounded ring" target; and rank 0's drop counters, as the
+    # hardware's CSR drop block would be read.
+    rss = np.array([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024], np.float64)
+    comm.allreduce(rss, op="max")
+    drops = {k: v for k, v in comm.drop_counters().items() if v}
     if lead:
         busbws = [r["out_of_place"]["busbw"] for r in rows]
+        print(f"# Peak RSS per rank    : {rss[0]:.1f} MiB (largest buffer "
+              f"{max(r['size'] for r in rows) / 2**20:.1f} MiB)")
+        print(f"# Drops (rank 0)       : {drops or 'none'}")
         print(f"# Out of bounds values : {wrong_total} {'OK' if not wrong_total else 'FAILED'}")
         print(f"# Avg bus bandwidth    : {sum(busbws) / max(1, len(busbws)):.4f} GB/s")
         if args.json:
@@ -283,7 +293,8 @@ def worker(args: argparse.Namespace) -> int:
                    "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
                    "params": {k: v for k, v in vars(args).items() if k != "json"},
                    "world_size": comm.world_size, "backend": "software", "rows": rows,
-                   "wrong_total": wrong_total}
+                   "wrong_total": wrong_total, "peak_rss_mib": float(rss[0]),
+                   "drops_rank0": drops}
             Path(args.json).parent.mkdir(parents=True, exist_ok=True)
             Path(args.json).write_text(json.dumps(doc, indent=2) + "\n")
             print(f"# results written to {args.json}")

@@ -119,6 +119,20 @@ def test_world_of_one_accepts_every_buffer_kind(comm) -> None:
             self.__array_interface__ = a.__array_interface__
 
     comm.allreduce(Iface(np.arange(4, dtype=np.int16)))
+    class Dl:  # DLPack only (no buffer protocol, no array interface)
+        def __init__(self, a: np.ndarray) -> None:
+            self._a = a
+
+        def __dlpack__(self, **kw):
+            return self._a.__dlpack__(**kw)
+
+        def __dlpack_device__(self):
+            return self._a.__dlpack_device__()
+
+    src = np.arange(6, dtype=np.int64)
+    out = np.zeros(6, np.int64)
+    comm.allreduce(Dl(src), Dl(out))
+    assert np.array_equal(out, src)
     dev = DeviceArray(np.arange(5, dtype=np.float32))
     comm.broadcast(dev)
     assert np.array_equal(dev.get(), np.arange(5, dtype=np.float32))
