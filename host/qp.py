@@ -265,7 +265,16 @@ class QueuePair:
         if self.outstanding and now - self.last_progress > rto * (1 << min(self.retries, 4)):
             self.retries += 1
             self.engine.stats["timeouts"] += 1
-            self.retransmit(now)
+            if self.retries == 1:
+                # First expiry: probe with the oldest packet only. On a starved CPU most
+                # timeouts are spurious, and the responder re-ACKs a duplicate, so this
+                # avoids resending a whole window that already arrived; a real loss is
+                # recovered by the full go-back-N on the next expiry (or by a NAK).
+                self.last_progress = now
+                self.engine.stats["retransmits"] += 1
+                self.engine.transmit(self.outstanding[0][1], self.addr)
+            else:
+                self.retransmit(now)
 
     # ---------------------------------------------------------------- responder
     def on_write(self, opcode: int, psn: int, ackreq: int, pkt: memoryview, end: int) -> None:
