@@ -11,6 +11,7 @@ cell. They are the open tools' estimates, not measurements on silicon.
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +35,11 @@ _ROWS = {
     ),
 }
 _LOGIC = {"clk-to-q", "source", "logic", "setup"}
+# nextpnr reports the fixed clock net of unregistered iCE40 DSPs as a clock of its own.
+_PSEUDO_CLOCK = "$PACKER_GND"
+# yosys names techmapped cells after the net they drive plus a trail of cell types;
+# the design's own name is what comes before the first of those.
+_TECHMAP_TAIL = re.compile(r"(_SB_|_TRELLIS|_LUT4|_CCU2|_DFF|_MULT18|_DP16|_ALU54|\$).*")
 
 
 @dataclass
@@ -75,7 +81,9 @@ class Path_:
         """The hierarchy (first two name components) the path runs through, in order."""
         out: list[str] = []
         for c in self.cells:
-            b = ".".join(c.split(".")[:2])
+            if c.startswith("$nextpnr"):
+                continue        # packer-made cells (carry feed-ins) belong to no block
+            b = _TECHMAP_TAIL.sub("", ".".join(c.split(".")[:2])) or c[:40]
             if not out or out[-1] != b:
                 out.append(b)
         return out
@@ -113,7 +121,10 @@ class Report:
         for c in self.clocks:
             lines.append(f"{c.name:<28}{c.achieved_mhz:>10.2f}{c.target_mhz:>9.2f}  "
                          f"{'yes' if c.met else 'NO'}")
+        # Register-to-register paths set Fmax; I/O paths (<async>) are listed in as_dict.
         for p in self.critical_paths:
+            if p.from_clock != p.to_clock:
+                continue
             lines.append("")
             lines.append(f"critical path {p.from_clock} -> {p.to_clock}: {p.total_ns:.2f} ns "
                          f"({p.logic_ns:.2f} logic in {p.levels} levels, "
@@ -139,9 +150,11 @@ def _path(entry: dict) -> Path_:
     segs = entry.get("path", [])
     logic = sum(s.get("delay", 0.0) for s in segs if s.get("type") in _LOGIC)
     routing = sum(s.get("delay", 0.0) for s in segs if s.get("type") == "routing")
-    cells = [s["to"]["cell"] for s in segs if s.get("type") == "logic" and "to" in s]
     start = segs[0]["from"] if segs else {}
     end = segs[-1]["to"] if segs else {}
+    cells = [start.get("cell", ""),
+             *(s["to"]["cell"] for s in segs if s.get("type") == "logic" and "to" in s),
+             end.get("cell", "")]
     return Path_(entry.get("from", "?"), entry.get("to", "?"),
                  f"{start.get('cell', '?')}.{start.get('port', '?')}",
                  f"{end.get('cell', '?')}.{end.get('port', '?')}",
@@ -166,6 +179,8 @@ def parse_report(folder: Path | str, family: str | None = None) -> Report:
             used = sum(n for t, n in counts.items() if t.startswith(cell_types))
         resources.append(Resource(label, used, util[bel]["available"]))
     clocks = [Clock(name, v["achieved"], v["constraint"])
-              for name, v in sorted(data.get("fmax", {}).items())]
-    paths = [_path(p) for p in data.get("critical_paths", [])]
+              for name, v in sorted(data.get("fmax", {}).items())
+              if _PSEUDO_CLOCK not in name]
+    paths = [p for p in map(_path, data.get("critical_paths", []))
+             if _PSEUDO_CLOCK not in p.from_clock + p.to_clock]
     return Report(family, resources, clocks, paths)

@@ -31,7 +31,8 @@ def test_open_flow_plan(name):
     assert ("nibble_link" in pins) or ("eth_rgmii" in pins)
     # Same inputs, same plan: the digest is a usable cache key.
     assert make_plan(board, board.config).digest() == plan.digest()
-    assert make_plan(board, board.config.replace(qps=1)).digest() != plan.digest()
+    bigger = board.config.replace(imem_words=2 * board.config.imem_words)
+    assert make_plan(board, bigger).digest() != plan.digest()
 
 
 @needs_boards

@@ -1,0 +1,86 @@
+"""Open-flow build of a board (default: ECPIX-5 85F with the full 64-bit node,
+int32+float32 reduction): utilisation, Fmax per clock against its target, and the
+critical path, from nextpnr's report. Prints the table and writes
+bench/results/boards_fmax.json.
+
+    .venv/bin/python bench/boards_fmax.py [--board ecpix5-85] [--width 64] [--qps 8]
+
+What is built is the interim EngineCore (see fpgaccl.boards.top): CSR bank, sequencer
+and reduction datapath, not parser/transport/DMA. The numbers are nextpnr's post-route
+estimates for the board's speed grade.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+from fpgaccl.boards.build import build
+from fpgaccl.boards.platforms import BOARDS
+
+REPO = Path(__file__).resolve().parent.parent
+TARGET_MHZ = 100.0   # issue 9: 64-bit beats at 100 MHz = 6.4 Gb/s
+
+
+def git_rev() -> str:
+    try:
+        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO,
+                             capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "boards", "hw",
+                                "proto"], cwd=REPO, capture_output=True, text=True).stdout
+        return rev + ("-dirty" if dirty.strip() else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--board", default="ecpix5-85", choices=sorted(BOARDS))
+    ap.add_argument("--width", type=int, default=None)
+    ap.add_argument("--qps", type=int, default=None)
+    ap.add_argument("--no-cache", action="store_true")
+    ap.add_argument("--out", type=Path, default=REPO / "bench/results/boards_fmax.json")
+    args = ap.parse_args(argv)
+
+    board = BOARDS[args.board]
+    if not board.open_flow:
+        ap.error(f"{args.board} uses Vivado; this bench runs the open flow only")
+    changes = {k: v for k, v in (("width", args.width), ("qps", args.qps)) if v is not None}
+    config = board.config.replace(**changes)
+    result = build(args.board, config, use_cache=not args.no_cache, log=print)
+    rep = result.report
+
+    print(f"\n{board.name}: {config.describe()}")
+    print(f"bitstream {result.bitstream.stat().st_size} bytes, "
+          f"{'cached' if result.cached else f'built in {result.seconds:.0f} s'}\n")
+    print(rep.table())
+    sync = [c for c in rep.clocks if c.target_mhz == max(c.target_mhz for c in rep.clocks)]
+    verdict = [f"{c.name}: {c.achieved_mhz:.1f} MHz vs target {TARGET_MHZ:.0f} MHz -> "
+               f"{'met' if c.achieved_mhz >= TARGET_MHZ else 'NOT met'}" for c in sync]
+    print("\n" + "\n".join(verdict))
+
+    record = {
+        "bench": "boards_fmax",
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "git": git_rev(),
+        "machine": {"node": platform.node(), "cpus": os.cpu_count(),
+                    "python": platform.python_version(), "system": platform.platform()},
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "target_mhz": TARGET_MHZ,
+        "verdict": verdict,
+        "build": result.summary(),
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(record, indent=2) + "\n")
+    print(f"\nwrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
