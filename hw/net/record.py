@@ -55,9 +55,11 @@ RECORD = data.StructLayout({
     "payload_len": PAYLOAD_LEN_BITS,
 })
 """One packet's headers. Extended headers an opcode lacks read as zero and their
-``has_*`` flag is clear. ``payload_len`` counts payload bytes without BTH pad. On the
-transmit side the builder computes IP/UDP lengths, the IPv4 checksum, the UDP checksum
-(zero), ``bth.padcount`` and the ICRC itself and ignores those fields of the record."""
+``has_*`` flag is clear. ``payload_len`` counts payload bytes without BTH pad; the
+parser emits a payload packet only when it is not zero, and the builder expects one only
+then. On the transmit side the builder computes IP/UDP lengths, the IPv4 checksum, the
+UDP checksum (zero), ``bth.padcount`` and the ICRC itself, derives the extended headers
+from ``bth.opcode``, and ignores those fields and the ``has_*`` flags of the record."""
 
 
 class OpcodeInfo:
