@@ -1,0 +1,175 @@
+"""The node: one network port, one CSR port and one memory port around the whole engine.
+
+    rx -> parser -> transport (responder) -> memory writes ---------------+
+                      |  ACK/NAK, received messages -> router -> sequencer |
+    tx <- builder <- transport (requester) <- memory reads <- router <-----+
+                                   copy/reduce engines <-> memory
+    csr -> register bank: QP contexts, memory regions, collective context, peers,
+           program memory, doorbell, drop counters
+
+The memory port is the simple in-order request/answer pair of
+:mod:`fpgaccl.hw.datapath.memport`; :mod:`fpgaccl.hw.dma` puts the bus, address spaces
+and GPU-peer window behind it. Every register comes from :mod:`fpgaccl.proto.regmap`.
+"""
+
+from __future__ import annotations
+
+from amaranth.hdl import Cat, Module, Signal
+from amaranth.lib import stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from fpgaccl.hw.csr.bank import CSRBank
+from fpgaccl.hw.csr.bus import CSRBusSignature
+from fpgaccl.hw.datapath.engines import CopyEngine, ReduceEngine
+from fpgaccl.hw.datapath.memport import MEM_READ_REQ, ReadMux, WriteMux, mem_write_layout
+from fpgaccl.hw.datapath.router import N_BUFS, Router
+from fpgaccl.hw.net.builder import RoceBuilder
+from fpgaccl.hw.net.parser import RoceParser
+from fpgaccl.hw.sequencer.engine import Sequencer
+from fpgaccl.hw.stream.beat import beat_stream
+from fpgaccl.hw.transport.transport import Transport
+from fpgaccl.proto.drops import DROP_COUNTER_BITS, DropReason
+from fpgaccl.proto.opcodes import ROCEV2_UDP_PORT
+from fpgaccl.proto.regmap import ENGINE_ID, REGMAP_VERSION, default_map
+
+BUFS = ("in", "out", "tmp", "tmp2")
+
+
+class Node(wiring.Component):
+    def __init__(self, width: int = 64, *, qps: int = 8, regions: int = 8,
+                 imem_words: int = 512, mtu: int = 4096, seg_bytes: int = 4096,
+                 timeout: int = 1 << 14) -> None:
+        self.width, self.qps, self.regions = width, qps, regions
+        self.imem_words, self.mtu, self.seg_bytes, self.timeout = (
+            imem_words, mtu, seg_bytes, timeout)
+        self.regmap = default_map(qps=qps, regions=regions, imem_words=imem_words)
+        super().__init__({
+            "rx": In(beat_stream(width)),
+            "tx": Out(beat_stream(width)),
+            "csr": In(CSRBusSignature(16)),
+            "rd_req": Out(stream.Signature(MEM_READ_REQ)),
+            "rd_resp": In(beat_stream(width)),
+            "wr": Out(stream.Signature(mem_write_layout(width))),
+            "done": Out(1),       # a collective program reached DONE (interrupt)
+            "busy": Out(1),
+        })
+
+    def elaborate(self, platform) -> Module:
+        m = Module()
+        w = self.width
+        m.submodules.bank = bank = CSRBank(self.regmap)
+        m.submodules.parser = parser = RoceParser(w, max_payload=self.mtu)
+        m.submodules.builder = builder = RoceBuilder(w)
+        m.submodules.transport = tp = Transport(w, nqp=self.qps, nmr=self.regions,
+                                                mtu=self.mtu, timeout=self.timeout)
+        m.submodules.seq = seq = Sequencer(imem_words=self.imem_words, peers=self.qps)
+        m.submodules.router = router = Router(self.qps)
+        m.submodules.copy = copy = CopyEngine(w, self.seg_bytes)
+        m.submodules.reduce = red = ReduceEngine(w, self.seg_bytes)
+        m.submodules.rmux = rmux = ReadMux(w, 3)
+        m.submodules.wmux = wmux = WriteMux(w, 3)
+
+        wiring.connect(m, wiring.flipped(self.csr), bank.bus)
+
+        # Network receive: parser -> transport (the transport needs no L2-L4 fields).
+        wiring.connect(m, wiring.flipped(self.rx), parser.i)
+        rec = parser.hdr.payload
+        for f in ("bth", "reth", "aeth", "immdt", "has_reth", "has_aeth", "has_immdt",
+                  "payload_len"):
+            m.d.comb += getattr(tp.rx_hdr.payload, f).eq(getattr(rec, f))
+        m.d.comb += [tp.rx_hdr.valid.eq(parser.hdr.valid), parser.hdr.ready.eq(tp.rx_hdr.ready)]
+        wiring.connect(m, parser.o, tp.rx_data)
+
+        # Network transmit: the QP context supplies the peer's addresses.
+        th = tp.tx_hdr.payload
+        out = builder.hdr.payload
+        qp = bank.qp_ctl[th.qp]
+        port = bank.port_ctl
+        for f in ("bth", "reth", "aeth", "immdt", "has_reth", "has_aeth", "has_immdt",
+                  "payload_len"):
+            m.d.comb += getattr(out, f).eq(getattr(th, f))
+        m.d.comb += [
+            out.eth.dst.eq(Cat(qp.peer_mac_lo.value, qp.peer_mac_hi.mac_hi)),
+            out.eth.src.eq(Cat(port.mac_lo.value, port.mac_hi.mac_hi)),
+            out.eth.type.eq(0x0800),
+            out.ip.version.eq(4), out.ip.ihl.eq(5), out.ip.flags.eq(0b010), out.ip.ttl.eq(64),
+            out.ip.proto.eq(17), out.ip.src.eq(port.ip.value), out.ip.dst.eq(qp.peer_ip.value),
+            out.udp.sport.eq(port.udp_sport.sport + th.qp),
+            out.udp.dport.eq(ROCEV2_UDP_PORT),
+            builder.hdr.valid.eq(tp.tx_hdr.valid), tp.tx_hdr.ready.eq(builder.hdr.ready),
+        ]
+        wiring.connect(m, tp.tx_data, builder.i)
+        wiring.connect(m, builder.o, wiring.flipped(self.tx))
+
+        # Control: CSR bank <-> transport, sequencer, router.
+        m.d.comb += [tp.qp_ctl.eq(bank.qp_ctl), tp.mr_ctl.eq(bank.mr_ctl),
+                     bank.qp_sts.eq(tp.qp_sts)]
+        coll = bank.coll_ctl
+        m.d.comb += [
+            bank.imem_raddr.eq(seq.imem_raddr), seq.imem_rdata.eq(bank.imem_rdata),
+            seq.start.eq(bank.ctrl_wstb.doorbell & bank.ctrl_ctl.control.enable),
+            seq.entry.eq(bank.ctrl_ctl.doorbell.entry),
+            seq.coll_id.eq(bank.ctrl_ctl.doorbell.coll_id),
+            seq.count.eq(coll.count.value),
+            router.coll_id.eq(bank.ctrl_ctl.doorbell.coll_id),
+            router.ctx.dtype.eq(bank.ctrl_ctl.reduce.dtype),
+            router.ctx.op.eq(bank.ctrl_ctl.reduce.op),
+            bank.ctrl_sts.id.value.eq(ENGINE_ID),
+            bank.ctrl_sts.version.value.eq(REGMAP_VERSION),
+            bank.ctrl_sts.status.busy.eq(seq.busy),
+            bank.ctrl_sts.status.error.eq(seq.error | router.error),
+            self.done.eq(seq.done), self.busy.eq(seq.busy),
+        ]
+        for i, b in enumerate(BUFS):
+            m.d.comb += router.ctx.base[i].eq(Cat(getattr(coll, f"{b}_lo").value,
+                                                  getattr(coll, f"{b}_hi").value))
+            for p in range(self.qps):
+                peer = bank.peer_ctl[p]
+                m.d.comb += [
+                    router.ctx.rbase[p][i].eq(Cat(getattr(peer, f"{b}_lo").value,
+                                                  getattr(peer, f"{b}_hi").value)),
+                    router.ctx.rkey[p][i].eq(getattr(peer, f"{b}_key").value),
+                ]
+        assert len(BUFS) == N_BUFS
+        completions = Signal(32)
+        with m.If(bank.ctrl_clr.completions):
+            m.d.sync += completions.eq(0)
+        with m.Elif(seq.done):
+            m.d.sync += completions.eq(completions + 1)
+        m.d.comb += bank.ctrl_sts.completions.value.eq(completions)
+
+        # Drop counters: the parser counts the frame-level reasons, the transport the
+        # rest; each reason has exactly one owner.
+        for reason in DropReason:
+            src = []
+            if reason < len(parser.drops):
+                src.append(parser.drops[reason])
+            if reason < len(tp.drops):
+                src.append(tp.drops[reason])
+            total = sum(src[1:], src[0]) if src else 0
+            m.d.comb += getattr(bank.drops_sts, reason.name.lower()).value.eq(
+                total[:DROP_COUNTER_BITS] if src else 0)
+
+        # Sequencer <-> router <-> engines and transport.
+        wiring.connect(m, seq.cmd, router.cmd)
+        m.d.comb += seq.cmd_done.eq(router.cmd_done)
+        wiring.connect(m, router.grant, seq.grant)
+        wiring.connect(m, router.landed, seq.landed)
+        wiring.connect(m, router.copy_job, copy.job)
+        wiring.connect(m, router.reduce_job, red.job)
+        m.d.comb += [router.copy_done.eq(copy.done), router.reduce_done.eq(red.done)]
+        wiring.connect(m, router.desc, tp.desc)
+        wiring.connect(m, tp.cmpl, router.cmpl)
+        wiring.connect(m, tp.recv, router.recv)
+
+        # Memory: three readers and three writers share the node's memory port.
+        for i, (rq, rs) in enumerate(((tp.rd_req, tp.rd_resp), (copy.rd_req, copy.rd_resp),
+                                      (red.rd_req, red.rd_resp))):
+            wiring.connect(m, rq, getattr(rmux, f"req{i}"))
+            wiring.connect(m, getattr(rmux, f"resp{i}"), rs)
+        for i, wr in enumerate((tp.wr, copy.wr, red.wr)):
+            wiring.connect(m, wr, getattr(wmux, f"wr{i}"))
+        wiring.connect(m, rmux.req, wiring.flipped(self.rd_req))
+        wiring.connect(m, wiring.flipped(self.rd_resp), rmux.resp)
+        wiring.connect(m, wmux.wr, wiring.flipped(self.wr))
+        return m
