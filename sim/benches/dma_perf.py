@@ -23,6 +23,7 @@ from .dma_harness import TB, Driver
 
 
 async def _copy(tb, drv, **wqe) -> tuple[dict, int]:
+    await drv.idle()       # the previous CQE's write response must not be in the numbers
     for model in (tb.host, tb.gpu):
         model.reset_stats(tracing=True)
     op = await drv.doorbell_after(drv.put_wqe(opcode=Opcode.COPY, **wqe))
@@ -74,6 +75,7 @@ async def throughput(dut) -> None:
     # Doorbell -> first read of the SQ entry, host-resident and GPU-resident SQ.
     lat = {}
     await tb.csr_write("dma.control", enable=1, max_rd=16, max_wr=16)
+    await drv.idle()
     for model in (tb.host, tb.gpu):
         model.reset_stats()
     op = await drv.doorbell_after(drv.put_wqe(opcode=Opcode.NOP))
