@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -64,10 +65,11 @@ def main(argv: list[str] | None = None) -> int:
 
     result = {
         "bench": "reduce_throughput",
-        "command": " ".join([Path(sys.argv[0]).name, *(argv if argv is not None
-                                                       else sys.argv[1:])]),
+        "command": " ".join(["python", "bench/reduce_throughput.py",
+                             *(argv if argv is not None else sys.argv[1:])]),
         "git_rev": git_rev(),
-        "machine": f"{platform.node()} {platform.machine()} {platform.processor()}".strip(),
+        "machine": f"{platform.node()} {platform.machine()}, {os.cpu_count()} cpus, "
+                   f"python {platform.python_version()}",
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "simulator": "verilator (cocotb)",
         "width": args.width,
