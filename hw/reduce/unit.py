@@ -191,7 +191,14 @@ class ReduceUnit(wiring.Component):
     those of ``a``: the operand streams are expected to be aligned beat for beat.
 
     Flow control stalls the whole pipeline while the output holds a beat nobody takes;
-    bubbles still drain, and the output is a register.
+    bubbles still drain, and the output is a register. (The stall enable fans out to
+    every pipeline register; if that limits fmax on a board, an output skid buffer of
+    LATENCY beats would let the pipeline run free instead.)
+
+    Every lane kind (integer per width; float add/mul/min-max per format) is built for
+    every element position and the result is selected by dtype/op: simple and uniform,
+    but not area-frugal. ``separate_lanes`` only changes how the lanes are exported (as
+    external modules, for fast simulator builds); see :class:`ReduceDatapath`.
     """
 
     latency = LATENCY

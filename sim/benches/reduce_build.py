@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 
 from fpgaccl.hw.reduce.unit import ReduceUnit
 from fpgaccl.sim.runner import BUILD_ROOT, DEFAULT_BUILD_ARGS, SimBuild, build, to_verilog
@@ -30,7 +31,7 @@ def build_reduce_unit(width: int, *, separate_lanes: bool | None = None) -> SimB
             path = BUILD_ROOT / "reduce_lanes" / f"{module}-{digest}.v"
             if not path.exists():
                 path.parent.mkdir(parents=True, exist_ok=True)
-                tmp = path.with_suffix(".tmp")
+                tmp = path.with_suffix(f".{os.getpid()}.tmp")
                 tmp.write_text(text)
                 tmp.replace(path)
             sources.append(str(path))
