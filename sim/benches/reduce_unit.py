@@ -79,7 +79,7 @@ async def every_dtype_and_op(dut, flow: str) -> None:
     idle, stall = (0.0, 0.0) if flow == "full" else (0.3, 0.4)
     tb = TB(dut, idle=idle, stall=stall, seed=1 if flow == "full" else 2)
     await tb.reset()
-    beats_per = max(4, 1024 // tb.width)      # keeps the element count similar per width
+    beats_per = max(8, 2048 // tb.width)      # keeps the element count similar per width
     cases = []
     for dtype, op in SUPPORTED:
         a, b = tb.frame(dtype, beats_per)
