@@ -44,7 +44,7 @@ from .split import AxiSplit
 from .translate import Translator
 from .write import WriteMover
 
-BAD_OPCODE = 4   # CQE status beyond the movers' own: the entry's opcode is unknown
+BAD_OPCODE = Status.BAD_OPCODE
 
 
 class DmaEngine(wiring.Component):

@@ -14,23 +14,46 @@ from __future__ import annotations
 from amaranth.lib import data
 
 from fpgaccl.hw.csr.bank import register_layout
+from fpgaccl.proto.queues import (
+    CQE_BYTES,
+    CQE_FIELDS,
+    WQE_BYTES,
+    WQE_FIELDS,
+)
+from fpgaccl.proto.queues import Opcode as _Opcode
+from fpgaccl.proto.queues import Space as _Space
+from fpgaccl.proto.queues import Status as _Status
 from fpgaccl.proto.regmap import Access, RegisterMap, default_map
+
+# The queue formats and codes are proto's (the host runtime packs the same entries);
+# they are re-exported here for the gateware and its benches.
+__all__ = [
+    "CPL",
+    "CQE",
+    "CQE_BYTES",
+    "DESC",
+    "SEG",
+    "WORK_DONE",
+    "WQE",
+    "WQE_BYTES",
+    "Opcode",
+    "Space",
+    "Status",
+    "dma_beat_layout",
+]
+
+
+
+def _ints(enum) -> type:
+    # Plain ints: Amaranth sizes an IntEnum member by the enum's largest member, which
+    # would widen every status comparison in the movers.
+    return type(enum.__name__, (), {m.name: int(m) for m in enum})
+
+
+Space, Status, Opcode = _ints(_Space), _ints(_Status), _ints(_Opcode)
 
 TAG_BITS = 8
 LEN_BITS = 32
-
-
-class Space:
-    HOST = 0
-    GPU = 1
-
-
-class Status:
-    OK = 0
-    UNMAPPED = 1    # no window / page maps (part of) the range: nothing was moved
-    FORBIDDEN = 2   # mapped, without the read or write right: nothing was moved
-    BUS_ERROR = 3   # the memory answered SLVERR/DECERR (or, for a write, its data was
-                    # poisoned by a faulted read): bytes may be partially moved
 
 
 DESC = data.StructLayout({
@@ -65,41 +88,11 @@ def dma_beat_layout(width: int) -> data.StructLayout:
     })
 
 
-class Opcode:
-    NOP = 0
-    COPY = 1        # len bytes from (src_space, src_addr) to (dst_space, dst_addr)
-    WRITE_IMM = 2   # the low len (1..8) bytes of imm to (dst_space, dst_addr)
-    WORK = 3        # handed to the node (collective start: imm = entry | coll_id << 16)
+WQE = data.StructLayout(dict(WQE_FIELDS))
+"""A submission-queue entry (:data:`fpgaccl.proto.queues.WQE_FIELDS`)."""
 
-
-WQE_BYTES = 64
-WQE = data.StructLayout({
-    "opcode": 8,
-    "flags": 8,
-    "src_space": 1,
-    "dst_space": 1,
-    "_rsvd0": 14,
-    "wr_id": 32,
-    "len": 32,
-    "_rsvd1": 32,
-    "src_addr": 64,
-    "dst_addr": 64,
-    "imm": 64,
-    "_rsvd2": 8 * WQE_BYTES - 320,
-})
-"""A submission-queue entry, 64 bytes little-endian in memory (field 0 at bit 0)."""
-
-CQE_BYTES = 16
-CQE = data.StructLayout({
-    "wr_id": 32,
-    "len": 32,
-    "opcode": 8,
-    "status": 8,       # Status of the work request
-    "phase": 1,        # 1 on the ring's first pass, 0 on the second, ...: the consumer
-                       # polls it instead of reading cq_tail
-    "_rsvd": 8 * CQE_BYTES - 81,
-})
-"""A completion-queue entry, 16 bytes."""
+CQE = data.StructLayout(dict(CQE_FIELDS))
+"""A completion-queue entry (:data:`fpgaccl.proto.queues.CQE_FIELDS`)."""
 
 WORK_DONE = data.StructLayout({"status": 8, "len": 32})
 """The node's answer to a WORK entry."""
