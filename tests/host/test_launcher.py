@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -35,8 +36,8 @@ def test_run_spawns_ranks_and_init_finds_them(tmp_path: Path) -> None:
     script.write_text(SCRIPT)
     res = _fpgaccl("run", "-n", "3", "--", sys.executable, str(script))
     assert res.returncode == 0, res.stderr
-    assert sorted(line for line in res.stdout.splitlines() if "ok" in line) == [
-        f"rank {r} of 3 ok" for r in range(3)]
+    found = sorted(re.findall(r"rank (\d+) of (\d+) ok", res.stdout))
+    assert found == [(str(r), "3") for r in range(3)], f"{res.stdout}\n{res.stderr}"
 
 
 def test_run_reports_a_failing_rank(tmp_path: Path) -> None:
