@@ -1,0 +1,20 @@
+"""Every folder that is a package is shipped: the explicit list in pyproject.toml (needed
+because the subpackages live in top-level folders) must not fall behind the tree."""
+
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_every_package_folder_is_listed():
+    cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    listed = set(cfg["packages"])
+    dirs = {v: k for k, v in cfg["package-dir"].items()}
+    found = set()
+    for folder, name in dirs.items():
+        for init in (ROOT / folder).rglob("__init__.py"):
+            rel = init.parent.relative_to(ROOT / folder)
+            parts = [] if str(rel) == "." else list(rel.parts)
+            found.add(".".join([name, *parts]))
+    assert found == listed
