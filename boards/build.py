@@ -7,9 +7,10 @@ nextpnr writes ``report.json`` (``--report``), which :mod:`.report` turns into t
 utilisation/Fmax table.
 
 Cache: ``build/boards/<board>-<key>/``, where ``key`` hashes the build plan's digest
-(every generated file: RTLIL, constraints, scripts -- so the design, the config and the
-Amaranth version) with the versions of the tools that run it. A finished folder holds
-``done.json``; anything else there is a half-built leftover and is rebuilt.
+(every generated file: RTLIL without source locations, constraints, scripts -- so the
+design, the config and the Amaranth version) with the versions of the tools that run
+it. A finished folder holds ``done.json``; anything else there is a half-built leftover
+and is rebuilt.
 """
 
 from __future__ import annotations
@@ -112,7 +113,9 @@ def make_plan(board: Board, config: NodeConfig, core_factory: CoreFactory = CORE
         opts["nextpnr_opts"] = " ".join(filter(None, (opts.get("nextpnr_opts"),
                                                      "--report report.json")))
     top = BoardTop(board, config, core_factory)
-    return board.platform().build(top, name="top", do_build=False, **opts)
+    # No source locations in the RTLIL: the key then follows the design, not the
+    # checkout's path or a comment moving a line.
+    return board.platform().build(top, name="top", do_build=False, emit_src=False, **opts)
 
 
 @dataclass

@@ -10,7 +10,7 @@ stream ports real pins so a build cannot optimise the datapath away.
 from __future__ import annotations
 
 from amaranth.hdl import Cat, Const, Module, Mux, Signal
-from amaranth.lib import wiring
+from amaranth.lib import memory, stream, wiring
 from amaranth.lib.cdc import FFSynchronizer
 from amaranth.lib.wiring import In, Out
 
@@ -235,3 +235,53 @@ class UARTBridge(wiring.Component):
             m.d.sync += [self.tx.eq(sr[0]), sr.eq(sr >> 1), left.eq(left - 1),
                          timer.eq(div - 1)]
         return busy
+
+
+class OnChipMemory(wiring.Component):
+    """Block RAM behind a core's memory ports (``wr``, ``rd_req``/``rd_resp`` as
+    :class:`fpgaccl.hw.node.Node` has them) until a board's DRAM/HBM controller is
+    wired: ``depth`` beats, addresses taken modulo its size, and -- a simplification a
+    real controller will not have -- beat-aligned: the low address bits are ignored."""
+
+    def __init__(self, width: int, depth: int, write_layout, read_req_layout) -> None:
+        self.width, self.depth = width, depth
+        super().__init__({
+            "wr": In(stream.Signature(write_layout)),
+            "rd_req": In(stream.Signature(read_req_layout)),
+            "rd_resp": Out(beat_stream(width)),
+        })
+
+    def elaborate(self, platform) -> Module:
+        m = Module()
+        w, nbytes = self.width, self.width // 8
+        shift = nbytes.bit_length() - 1
+        m.submodules.mem = mem = memory.Memory(shape=w, depth=self.depth, init=[])
+        wp = mem.write_port(granularity=8)
+        rp = mem.read_port()
+        m.d.comb += [self.wr.ready.eq(1), wp.addr.eq(self.wr.payload.addr >> shift),
+                     wp.data.eq(self.wr.payload.data),
+                     wp.en.eq(Mux(self.wr.valid, self.wr.payload.keep, 0))]
+
+        out = self.rd_resp
+        cur = Signal(range(self.depth))
+        left = Signal(len(self.rd_req.payload.len))
+        tail = Signal(range(nbytes + 1))       # valid bytes in the last beat
+        first = Signal()
+        advance = ~out.valid | out.ready
+        issue = left != 0
+        m.d.comb += [self.rd_req.ready.eq(~issue), rp.addr.eq(cur), rp.en.eq(advance),
+                     out.payload.data.eq(rp.data)]
+        with m.If(self.rd_req.valid & self.rd_req.ready):
+            n = self.rd_req.payload.len
+            m.d.sync += [cur.eq(self.rd_req.payload.addr >> shift),
+                         left.eq((n + nbytes - 1) >> shift), first.eq(1),
+                         tail.eq(Mux(n[:shift] == 0, nbytes, n[:shift]))]
+        with m.If(advance):
+            last = left == 1
+            m.d.sync += [out.valid.eq(issue), out.payload.first.eq(first),
+                         out.payload.last.eq(last),
+                         out.payload.keep.eq(Mux(last, (Const(1, nbytes + 1) << tail) - 1,
+                                                 -1))]
+            with m.If(issue):
+                m.d.sync += [cur.eq(cur + 1), left.eq(left - 1), first.eq(0)]
+        return m

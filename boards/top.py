@@ -340,7 +340,14 @@ class EngineCore(wiring.Component):
         ]
 
 
+def node_factory(config: NodeConfig) -> wiring.Component:
+    """:class:`fpgaccl.hw.node.Node` for ``config`` (it builds every dtype and its own
+    register map, so ``dtypes``/``ops``/``dma`` do not apply to it)."""
+    from fpgaccl.hw.node import Node
+    return Node(config.width, qps=config.qps, regions=config.regions,
+                imem_words=config.imem_words)
+
+
 CoreFactory = Callable[[NodeConfig], wiring.Component]
-# The one line to change when fpgaccl.hw.node.Node lands:
-#     from fpgaccl.hw.node import Node; CORE_FACTORY = Node
+# The one line to change once fpgaccl.hw.node.Node is committed: = node_factory
 CORE_FACTORY: CoreFactory = EngineCore

@@ -149,3 +149,38 @@ def test_frames_come_back_reduced_with_the_local_buffer():
         s = (int.from_bytes(f1[i:i + 4], "little") + int.from_bytes(f2[i:i + 4], "little"))
         want += (s & 0xFFFFFFFF).to_bytes(4, "little")
     assert got[1] == bytes(want)
+
+
+def test_on_chip_memory_writes_then_reads_back_with_a_partial_last_beat():
+    from amaranth.lib import data
+
+    from fpgaccl.boards.links import OnChipMemory
+
+    wr_layout = data.StructLayout({"addr": 64, "data": 64, "keep": 8, "last": 1})
+    rd_layout = data.StructLayout({"addr": 64, "len": 16})
+    dut = OnChipMemory(64, 16, wr_layout, rd_layout)
+    words = [0x0807060504030201, 0x1817161514131211, 0x2827262524232221]
+    got = []
+
+    async def bench(ctx):
+        for i, w in enumerate(words):
+            ctx.set(dut.wr.payload, {"addr": 0x40 + 8 * i, "data": w, "keep": 0xFF,
+                                     "last": i == 2})
+            ctx.set(dut.wr.valid, 1)
+            await ctx.tick()
+        ctx.set(dut.wr.valid, 0)
+        ctx.set(dut.rd_req.payload, {"addr": 0x40, "len": 20})
+        ctx.set(dut.rd_req.valid, 1)
+        await ctx.tick()
+        ctx.set(dut.rd_req.valid, 0)
+        ctx.set(dut.rd_resp.ready, 1)
+        for _ in range(10):
+            await ctx.tick()
+            if ctx.get(dut.rd_resp.valid):
+                p = ctx.get(dut.rd_resp.payload)
+                got.append((p.data, p.keep, p.first, p.last))
+                if p.last:
+                    break
+
+    _run(dut, bench)
+    assert got == [(words[0], 0xFF, 1, 0), (words[1], 0xFF, 0, 0), (words[2], 0x0F, 0, 1)]

