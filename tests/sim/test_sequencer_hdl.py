@@ -3,11 +3,11 @@ Python datapath, and matches the executable model bit for bit."""
 
 import pytest
 
-from fpgaccl.sim.runner import build_and_run
+from fpgaccl.sim.runner import FAST_BUILD_ARGS, build, run
 from fpgaccl.sim.sequencer_array import SequencerArray
 
 
 @pytest.mark.slow
 def test_sequencer_array_runs_the_library():
-    build_and_run(SequencerArray(8), "sequencer_array8", "fpgaccl.sim.benches.sequencer_array",
-                  params={"worlds": [1, 2, 3, 4, 5, 8]})
+    sim = build(SequencerArray(8), "sequencer_array8", build_args=FAST_BUILD_ARGS)
+    run(sim, "fpgaccl.sim.benches.sequencer_array", params={"worlds": [1, 2, 3, 4, 5, 8]})
