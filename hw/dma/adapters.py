@@ -112,6 +112,7 @@ class WriteAdapter(wiring.Component):
             "data": Out(stream.Signature(dma_beat_layout(width))),
             "cpl": In(stream.Signature(CPL)),
             "pending": Out(1),      # a closed run has not been acknowledged yet
+            "idle": Out(1),         # every beat taken is in memory (or refused)
             "fault": Out(1),
             "fault_status": Out(2),
         })
@@ -187,7 +188,8 @@ class WriteAdapter(wiring.Component):
         # Runs closed and not yet acknowledged (a refused run completes too, so the
         # count always returns to zero).
         m.d.sync += outstanding.eq(outstanding + descs.w_en - (self.cpl.valid & self.cpl.ready))
-        m.d.comb += self.pending.eq(outstanding != 0)
+        m.d.comb += [self.pending.eq(outstanding != 0),
+                     self.idle.eq((outstanding == 0) & ~is_open)]
         _fault(m, self.cpl, self.fault, self.fault_status)
         return m
 
@@ -290,6 +292,8 @@ class NodeMemory(wiring.Component):
             "unmapped": Out(1),
             "forbidden": Out(1),
             "bus_error": Out(1),
+            # Every write taken is acknowledged: what the node wrote is visible.
+            "writes_idle": Out(1),
             # Pulse per descriptor completed with a fault (status in fault_status).
             "fault": Out(1),
             "fault_status": Out(2),
@@ -319,7 +323,7 @@ class NodeMemory(wiring.Component):
         wiring.connect(m, rd.cpl, rda.cpl)
         wiring.connect(m, wra.data, wr.data)
         wiring.connect(m, wr.cpl, wra.cpl)
-        m.d.comb += rda.fence.eq(wra.pending)
+        m.d.comb += [rda.fence.eq(wra.pending), self.writes_idle.eq(wra.idle)]
 
         wiring.connect(m, rd.bus.ar, split.up.ar)
         wiring.connect(m, split.up.r, rd.bus.r)
