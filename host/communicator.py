@@ -1,8 +1,12 @@
 """The API users program against: a communicator of ``world_size`` ranks.
 
 Every call validates its arguments on the calling rank (typed errors naming the
-argument), picks a schedule from :mod:`fpgaccl.host.algorithms`, and submits it to the
-rank's engine. Synchronous calls wait; ``*_async`` variants return a :class:`Handle`.
+argument), picks a sequencer program from :mod:`fpgaccl.proto.programs` -- the very
+programs the HDL sequencer runs -- and submits it to the rank's engine, whose
+:mod:`fpgaccl.host.executor` runs it with the HDL's wire protocol. What the library has
+no program for (alltoallv, send/recv, barrier, and the ``tree`` algorithms) runs as a
+schedule from :mod:`fpgaccl.host.algorithms` over the per-peer receive rings.
+Synchronous calls wait; ``*_async`` variants return a :class:`Handle`.
 """
 
 from __future__ import annotations
@@ -27,28 +31,37 @@ from fpgaccl.errors import (
     InvalidArgumentError,
     UnsupportedError,
 )
+from fpgaccl.proto import programs as lib
 from fpgaccl.proto.drops import DropReason
+from fpgaccl.proto.isa import Buf, Instr
+from fpgaccl.proto.reduce import DType, ReduceOp
 
 from . import algorithms as alg
 from . import wire
 from .buffers import UserBuffer, as_buffer, resolve_op
 from .engine import Engine, Job
+from .executor import DEFAULT_STAGE_BYTES, CollectiveRegion, execute, setup_chunks
 from .link import ImpairedLink
 from .pcap import PcapWriter
 from .rendezvous import exchange
 
 ALGOS = {
     "allreduce": ("ring", "rhd", "tree"),
-    "reduce": ("tree",),
+    "reduce": ("chain", "tree"),
     "broadcast": ("tree", "chain"),
     "reduce_scatter": ("ring",),
     "allgather": ("ring",),
     "alltoall": ("direct",),
     "alltoallv": ("direct",),
 }
-TREE_MAX_BYTES = 16 * 1024
 RHD_MAX_BYTES = 1 << 20
-CHAIN_MIN_BYTES = 1 << 20
+"""allreduce: recursive halving-doubling up to here (latency), ring beyond (bandwidth)."""
+CHAIN_SEGMENT_BYTES = 64 * 1024
+"""chain broadcast/reduce: pipeline segments of about this size (4 to 64 of them)."""
+
+
+def chain_segments(nbytes: int) -> int:
+    return max(4, min(64, nbytes // CHAIN_SEGMENT_BYTES))
 
 
 class Handle:
@@ -109,7 +122,8 @@ class Communicator:
                  bind_ip: str | None = None, mtu: int = 4096, deadline_s: float = 60.0,
                  rto_s: float = 0.05, impair: str | ImpairedLink | None = None,
                  pcap: str | Path | None = None, slot_bytes: int = 256 * 1024, slots: int = 8,
-                 initial_psn: int | None = None, rendezvous_timeout_s: float = 60.0) -> None:
+                 initial_psn: int | None = None, rendezvous_timeout_s: float = 60.0,
+                 stage_bytes: int = DEFAULT_STAGE_BYTES) -> None:
         if backend != "software":
             raise BackendUnavailableError(
                 f"backend {backend!r} is not available from the host runtime yet; "
@@ -151,7 +165,9 @@ class Communicator:
                           else initial_psn & wire.PSN_MASK)
             qps[str(peer)] = {"qpn": qp.qpn, "psn": psn0[peer], "va": qp.ring.va,
                               "rkey": qp.ring.rkey}
-        info = {"ip": self.engine.addr[0], "port": self.engine.addr[1], "qps": qps}
+        self.region = CollectiveRegion(self.engine, stage_bytes)
+        info = {"ip": self.engine.addr[0], "port": self.engine.addr[1], "qps": qps,
+                "coll": self.region.info()}
         table = exchange(rank, world_size, (socket.gethostbyname(master_addr), master_port),
                          info, rendezvous_timeout_s)
         for peer, qp in self.engine.by_peer.items():
@@ -161,6 +177,10 @@ class Communicator:
                        recv_psn=theirs["psn"], remote_va=theirs["va"],
                        remote_rkey=theirs["rkey"])
         self.peers = [(t["ip"], t["port"]) for t in table]
+        self.remotes = {p: CollectiveRegion.remote(table[p]["coll"])
+                        for p in range(world_size) if p != rank}
+        # Every rank cuts the same segments: from the smallest region of the world.
+        self.stage_bytes = min(int(t["coll"]["stage_bytes"]) for t in table)
         self._coll = 0
         self._p2p_send = [0] * world_size
         self._p2p_recv = [0] * world_size
@@ -174,6 +194,68 @@ class Communicator:
         job = self.engine.submit(name, program, self.deadline_s)
         handle = Handle(job, result, keep, self.rank)
         return handle if async_op else handle.wait()
+
+    def _program(self, name: str, program: list[Instr], *, m: int, blocks: int,
+                 dt: np.dtype, op: str | None, get_in: Any, put_out: Any, result: Any,
+                 keep: list[UserBuffer], async_op: bool) -> Any:
+        """Run ``program`` over ``blocks`` blocks of ``m`` elements, in as many segments
+        (program runs, one coll_id each) as the collective region needs.
+
+        ``get_in(lo, hi)`` gives IN for elements ``[lo, hi)`` of every block;
+        ``put_out(out, lo, hi)`` stores the region's OUT after that segment.
+        """
+        dtype = DType.from_numpy(dt)
+        rop = ReduceOp.from_name(op) if op else ReduceOp.SUM
+        nch = setup_chunks(program)
+        cap = self.stage_bytes // dt.itemsize
+        seg = (cap - (nch - 1)) // blocks
+        if seg < 1:
+            raise InvalidArgumentError("stage_bytes", f"{self.stage_bytes} bytes cannot hold "
+                                       f"{nch} chunks of {dt}")
+        nseg = -(-m // seg)
+        with self._lock:
+            c0 = self._coll
+            self._coll = (self._coll + nseg) & 0xFFFF
+        engine, region, remotes, rank = self.engine, self.region, self.remotes, self.rank
+
+        def job() -> alg.Program:
+            for k in range(nseg):
+                lo, hi = k * seg, min(m, (k + 1) * seg)
+                cnt = blocks * (hi - lo)
+                yield from execute(engine, region, remotes, program, rank=rank,
+                                   coll_id=c0 + 1 + k, count=cnt, dtype=dtype, op=rop,
+                                   inbuf=get_in(lo, hi))
+                put_out(region.view(Buf.OUT, dt, cnt), lo, hi)
+
+        return self._submit(name, job(), result, keep, async_op)
+
+    def _gather_in(self, full: np.ndarray, m: int, blocks: int, whole: bool) -> Any:
+        """get_in for block-structured IN: the user's buffer itself when one segment
+        covers it (``whole``), else block slices gathered into the region's IN."""
+        region = self.region
+
+        def get_in(lo: int, hi: int) -> np.ndarray:
+            if whole and lo == 0 and hi == m:
+                return full
+            s = hi - lo
+            staged = region.view(Buf.IN, full.dtype, blocks * s)
+            for j in range(blocks):
+                staged[j * s:(j + 1) * s] = full[j * m + lo:j * m + hi]
+            return staged
+
+        return get_in
+
+    @staticmethod
+    def _scatter_out(dest: np.ndarray, m: int, blocks: int) -> Any:
+        def put_out(out: np.ndarray, lo: int, hi: int) -> None:
+            if lo == 0 and hi == m:
+                dest[:blocks * m] = out
+                return
+            s = hi - lo
+            for j in range(blocks):
+                dest[j * m + lo:j * m + hi] = out[j * s:(j + 1) * s]
+
+        return put_out
 
     def _ctx(self) -> alg.Ctx:
         with self._lock:
@@ -225,21 +307,28 @@ class Communicator:
                                      f"{s.array.size}")
         ufunc = resolve_op(op, s.array.dtype)
         nbytes = s.array.nbytes
-        default = ("tree" if nbytes <= TREE_MAX_BYTES else
-                   "rhd" if nbytes <= RHD_MAX_BYTES else "ring")
-        algo = self._algo("allreduce", algo, default)
-        ctx = self._ctx()
+        algo = self._algo("allreduce", algo, "rhd" if nbytes <= RHD_MAX_BYTES else "ring")
+        result = self._out(r, sendbuf if inplace else recvbuf)
         work = r.array
         sa = s.array
+        if algo == "tree":  # no sequencer program: a host schedule
+            ctx = self._ctx()
 
-        def program() -> alg.Program:
-            if not inplace:
-                work[:] = sa
-            yield from {"ring": alg.allreduce_ring, "rhd": alg.allreduce_rhd,
-                        "tree": alg.allreduce_tree}[algo](ctx, work, ufunc)
+            def program() -> alg.Program:
+                if not inplace:
+                    work[:] = sa
+                yield from alg.allreduce_tree(ctx, work, ufunc)
 
-        return self._submit("allreduce", program(), self._out(r, sendbuf if inplace else recvbuf),
-                            [s, r], async_op)
+            return self._submit("allreduce", program(), result, [s, r], async_op)
+        gen = lib.ring_allreduce if algo == "ring" else lib.rhd_allreduce
+        prog = gen(self.rank, self.world_size)
+
+        def put_out(out: np.ndarray, lo: int, hi: int) -> None:
+            work[lo:hi] = out
+
+        return self._program("allreduce", prog, m=sa.size, blocks=1, dt=sa.dtype, op=op,
+                             get_in=lambda lo, hi: sa[lo:hi], put_out=put_out, result=result,
+                             keep=[s, r], async_op=async_op)
 
     def reduce(self, sendbuf: Any, recvbuf: Any = None, op: str = "sum", root: int = 0, *,
                algo: str | None = None, async_op: bool = False) -> Any:
@@ -257,9 +346,23 @@ class Communicator:
             raise CountMismatchError("recvbuf", f"{r.array.size} elements, sendbuf has "
                                      f"{s.array.size}")
         ufunc = resolve_op(op, s.array.dtype)
-        self._algo("reduce", algo, "tree")
-        ctx = self._ctx()
+        algo = self._algo("reduce", algo, "chain")
         sa = s.array
+        result = self._out(r, sendbuf if inplace else recvbuf) if is_root else None
+        if algo == "chain":
+            prog = lib.chain_reduce(self.rank, self.world_size, root,
+                                    segments=chain_segments(sa.nbytes))
+            dest = r.array if is_root else None
+
+            def put_out(out: np.ndarray, lo: int, hi: int) -> None:
+                if dest is not None:
+                    dest[lo:hi] = out
+
+            return self._program("reduce", prog, m=sa.size, blocks=1, dt=sa.dtype, op=op,
+                                 get_in=lambda lo, hi: sa[lo:hi], put_out=put_out,
+                                 result=result, keep=[s] + ([r] if r else []),
+                                 async_op=async_op)
+        ctx = self._ctx()
 
         def program() -> alg.Program:
             if is_root:
@@ -270,7 +373,6 @@ class Communicator:
                 work = sa.copy()  # the tree reduces into it; the user's buffer stays intact
             yield from alg.reduce_tree(ctx, work, ufunc, root, 0)
 
-        result = self._out(r, sendbuf if inplace else recvbuf) if is_root else None
         return self._submit("reduce", program(), result, [s] + ([r] if r else []), async_op)
 
     def broadcast(self, buf: Any, root: int = 0, *, algo: str | None = None,
@@ -278,16 +380,24 @@ class Communicator:
         root = self._root(root)
         self._check_open()
         b = as_buffer(buf, "buf", writable=self.rank != root)
-        default = "chain" if b.array.nbytes >= CHAIN_MIN_BYTES and self.world_size > 2 else "tree"
-        algo = self._algo("broadcast", algo, default)
-        ctx = self._ctx()
+        algo = self._algo("broadcast", algo, "chain")
         work = b.array
+        if algo == "chain":
+            prog = lib.chain_broadcast(self.rank, self.world_size, root,
+                                       segments=chain_segments(work.nbytes))
+            is_root = self.rank == root
+
+            def put_out(out: np.ndarray, lo: int, hi: int) -> None:
+                if not is_root:
+                    work[lo:hi] = out
+
+            return self._program("broadcast", prog, m=work.size, blocks=1, dt=work.dtype,
+                                 op=None, get_in=lambda lo, hi: work[lo:hi], put_out=put_out,
+                                 result=self._out(b, buf), keep=[b], async_op=async_op)
+        ctx = self._ctx()
 
         def program() -> alg.Program:
-            if algo == "chain":
-                yield from alg.bcast_chain(ctx, work, root, self.engine.slot_bytes * 4)
-            else:
-                yield from alg.bcast_tree(ctx, work, root, 0)
+            yield from alg.bcast_tree(ctx, work, root, 0)
 
         return self._submit("broadcast", program(), self._out(b, buf), [b], async_op)
 
@@ -316,17 +426,19 @@ class Communicator:
                 raise CountMismatchError("recvbuf", f"{r.array.size} elements, expected "
                                          f"sendbuf size / world_size = {n}")
             out = r.array
-        ufunc = resolve_op(op, s.array.dtype)
+        resolve_op(op, s.array.dtype)
         self._algo("reduce_scatter", algo, "ring")
-        ctx = self._ctx()
         sa = s.array
+        me = self.rank
 
-        def program() -> alg.Program:
-            work = sa.copy()
-            yield from alg.reduce_scatter_ring(ctx, work, ufunc, out)
+        def put_out(res: np.ndarray, lo: int, hi: int) -> None:
+            k = hi - lo
+            out[lo:hi] = res[me * k:(me + 1) * k]
 
         result = self._out(r, recvbuf) if recvbuf is not None else out
-        return self._submit("reduce_scatter", program(), result, [s, r], async_op)
+        return self._program("reduce_scatter", lib.ring_reduce_scatter(me, p), m=n, blocks=p,
+                             dt=sa.dtype, op=op, get_in=self._gather_in(sa, n, p, True),
+                             put_out=put_out, result=result, keep=[s, r], async_op=async_op)
 
     def allgather(self, sendbuf: Any, recvbuf: Any = None, *, algo: str | None = None,
                   async_op: bool = False) -> Any:
@@ -354,17 +466,24 @@ class Communicator:
                                          f"{n} x {p}")
             mine = s.array
         self._algo("allgather", algo, "ring")
-        ctx = self._ctx()
         out = r.array
+        me = self.rank
+        region = self.region
 
-        def program() -> alg.Program:
-            if mine is not None:
-                out[self.rank * n:(self.rank + 1) * n] = mine
-            yield from alg.allgather_ring(ctx, out, n)
+        if mine is None:
+            get_in = self._gather_in(out, n, p, True)
+        else:
+            def get_in(lo: int, hi: int) -> np.ndarray:
+                k = hi - lo  # only block `me` of IN is read
+                staged = region.view(Buf.IN, out.dtype, p * k)
+                staged[me * k:(me + 1) * k] = mine[lo:hi]
+                return staged
 
-        return self._submit("allgather", program(),
-                            self._out(r, recvbuf if recvbuf is not None else sendbuf),
-                            [s, r], async_op)
+        return self._program("allgather", lib.ring_allgather(me, p), m=n, blocks=p,
+                             dt=out.dtype, op=None, get_in=get_in,
+                             put_out=self._scatter_out(out, n, p),
+                             result=self._out(r, recvbuf if recvbuf is not None else sendbuf),
+                             keep=[s, r], async_op=async_op)
 
     def alltoall(self, sendbuf: Any, recvbuf: Any = None, *, algo: str | None = None,
                  async_op: bool = False) -> Any:
@@ -376,10 +495,23 @@ class Communicator:
             raise CountMismatchError("sendbuf", f"{s.array.size} elements is not a multiple "
                                      f"of world_size {p}")
         n = s.array.size // p
-        counts = [n] * p
-        displ = [i * n for i in range(p)]
-        return self._alltoallv("alltoall", s, recvbuf, counts, displ, counts, displ, algo,
-                               async_op, sendbuf)
+        if recvbuf is None:
+            r = s
+        else:
+            r = as_buffer(recvbuf, "recvbuf", writable=True)
+            if r.array.dtype != s.array.dtype:
+                raise DtypeMismatchError("recvbuf", f"{r.array.dtype} differs from sendbuf's "
+                                         f"{s.array.dtype}")
+            if r.array.size < s.array.size:
+                raise CountMismatchError("recvbuf", f"{r.array.size} elements cannot hold the "
+                                         "blocks")
+        self._algo("alltoall", algo, "direct")
+        sa = s.array
+        return self._program("alltoall", lib.alltoall(self.rank, p), m=n, blocks=p,
+                             dt=sa.dtype, op=None, get_in=self._gather_in(sa, n, p, True),
+                             put_out=self._scatter_out(r.array, n, p),
+                             result=self._out(r, recvbuf if recvbuf is not None else sendbuf),
+                             keep=[s, r], async_op=async_op)
 
     def alltoallv(self, sendbuf: Any, sendcounts: Sequence[int], recvbuf: Any,
                   recvcounts: Sequence[int], sdispls: Sequence[int] | None = None,
@@ -438,6 +570,34 @@ class Communicator:
             yield from alg.alltoallv_direct(ctx, src, sd, sc, ra, rd, rc)
 
         return self._submit(name, program(), self._out(r, result_of), [s, r], async_op)
+
+    def run_program(self, program: Sequence[Instr], sendbuf: Any, op: str = "sum", *,
+                    async_op: bool = False) -> Any:
+        """Run one rank's sequencer ``program`` (e.g. from :data:`fpgaccl.proto.programs.
+        LIBRARY`, or a new one) over ``sendbuf`` as IN; returns a copy of OUT.
+
+        Every rank must call it with its own program for the same element count. The
+        whole vector must fit the collective region (no segmenting: the program's
+        buffer structure is its own).
+        """
+        self._check_open()
+        s = as_buffer(sendbuf, "sendbuf")
+        sa = s.array
+        if op is not None:
+            resolve_op(op, sa.dtype)
+        program = list(program)
+        nch = setup_chunks(program)
+        if nch * -(-sa.size // nch) * sa.itemsize > self.stage_bytes:
+            raise CountMismatchError("sendbuf", f"{sa.nbytes} bytes do not fit the "
+                                     f"{self.stage_bytes}-byte collective region")
+        out = np.empty_like(sa)
+
+        def put_out(res: np.ndarray, lo: int, hi: int) -> None:
+            out[lo:hi] = res
+
+        return self._program("program", program, m=sa.size, blocks=1, dt=sa.dtype, op=op,
+                             get_in=lambda lo, hi: sa[lo:hi], put_out=put_out, result=out,
+                             keep=[s], async_op=async_op)
 
     def barrier(self, *, async_op: bool = False) -> Any:
         self._check_open()

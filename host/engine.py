@@ -1,8 +1,9 @@
 """The software offload engine: one UDP socket on port 4791, queue pairs, a sequencer.
 
 A single engine thread owns all transport state (as the hardware's pipelines do), so
-nothing in the data path takes a lock. The host thread hands it *programs* (collective
-schedules written as generators, see :mod:`fpgaccl.host.algorithms`) through a queue
+nothing in the data path takes a lock. The host thread hands it *programs* (generators: the
+sequencer executor of :mod:`fpgaccl.host.executor` running a :mod:`fpgaccl.proto.programs`
+program, or a schedule of :mod:`fpgaccl.host.algorithms`) through a queue
 and a wake-up socket, then waits on the program's :class:`Job`. Programs run one after
 another in submission order, which every rank shares, like a hardware command queue.
 """
@@ -32,6 +33,7 @@ from fpgaccl.proto.drops import DropReason
 from fpgaccl.proto.opcodes import ROCEV2_UDP_PORT, SUPPORTED_OPCODES, Opcode
 
 from . import wire
+from .csr_plan import QPN_BASE
 from .qp import _WRITES, Arrival, Completion, MemoryRegion, Message, QueuePair
 
 Program = Generator[Any, None, None]
@@ -118,12 +120,12 @@ class Engine:
         self._rxbuf = bytearray(65536)
         self._rxview = memoryview(self._rxbuf)
         self._thread: threading.Thread | None = None
-        self._next_qpn = int(self._rng.integers(0x100, 0xF00000))
+        self._ips: dict[str, int] = {}
 
     # ------------------------------------------------------------------ set-up
     def create_qp(self, peer: int) -> QueuePair:
-        qpn = self._next_qpn
-        self._next_qpn += 1
+        # The HDL node's convention (host/csr_plan.py): QP i talks to rank i, QPN 0x100 + i.
+        qpn = QPN_BASE + peer
         ring = np.zeros(self.slot_bytes * self.slots, np.uint8)
         rkey = int(self._rng.integers(1, 1 << 32))
         while rkey in self.mrs:
@@ -270,11 +272,13 @@ class Engine:
         sock = self.sock
         buf = self._rxview
         qps = self.qps
+        ips = self._ips
+        my_port = self.addr[1]
         got = False
         now = time.monotonic()
         for _ in range(256):
             try:
-                n = sock.recv_into(buf)
+                n, (src_ip, sport) = sock.recvfrom_into(buf)
             except BlockingIOError:
                 break
             except OSError as e:
@@ -299,7 +303,12 @@ class Engine:
                 continue
             psn = w2 & wire.PSN_MASK
             ackreq = w2 >> 31
-            seed = wire.icrc_seed(qp.dst_ip, qp.src_ip, ROCEV2_UDP_PORT, ROCEV2_UDP_PORT, 8 + n)
+            # The ICRC covers the sender's real IP and UDP source port: an HDL node sends
+            # from udp_sport + qp (0xC000 + qp), a software engine from its bound port.
+            src = ips.get(src_ip)
+            if src is None:
+                src = ips[src_ip] = wire.ip_to_int(src_ip)
+            seed = wire.icrc_seed(src, qp.src_ip, sport, my_port, 8 + n)
             want = wire.datagram_icrc(seed, wire.bth_masked(opcode, (b1 >> 4) & 3, dqpn & 0xFFFFFF,
                                                             bool(ackreq), psn),
                                       buf[wire.BTH_LEN:n - wire.ICRC_LEN])
@@ -415,7 +424,7 @@ class Engine:
 def _flatten(got: Any) -> list[Completion]:
     if got is None:
         return []
-    if isinstance(got, Completion):
+    if isinstance(got, Completion) or hasattr(got, "done"):
         return [got]
     out: list[Completion] = []
     for g in got:

@@ -6,10 +6,19 @@ bit on the last packet of a message and every ``window/2`` packets), NAK on a se
 gap, go-back-N on NAK or retransmit timeout, duplicate suppression, and a memory-key
 plus bounds check on every RDMA WRITE before a byte is written.
 
-Data never goes straight into a user buffer: every WRITE targets a slot of the peer's
-receive ring (a registered memory region per peer), and the responder returns a slot
-with a zero-length ``STEP_CREDIT`` message once the sequencer has consumed it. That
-bounds receive memory to ``slots x slot_bytes`` per peer whatever the user buffer size.
+Two kinds of memory region take WRITEs, and the region a WRITE lands in says how its
+immediate data reads:
+
+* the per-peer receive ring (point-to-point and the schedules that are not sequencer
+  programs: send/recv, alltoallv, barrier): every WRITE targets a slot of the ring, and
+  the responder returns a slot with a zero-length credit once it is consumed; the
+  immediate is :data:`fpgaccl.proto.RING_IMM`. That bounds receive memory to
+  ``slots x slot_bytes`` per peer whatever the user buffer size.
+* the collective region (:class:`fpgaccl.host.executor.CollectiveRegion`, writable
+  from every QP): sequencer SENDs and GRANTs, exactly as the HDL router issues them;
+  the immediate is :data:`fpgaccl.proto.COLLECTIVE_IMM`, and each message becomes a
+  grant or landed event of its QP (``grants``/``landed``), consumed in order by
+  :mod:`fpgaccl.host.executor`.
 """
 
 from __future__ import annotations
@@ -86,12 +95,19 @@ class MemoryRegion:
 
 @dataclass
 class Message:
-    """One RDMA WRITE with immediate: at most one ring slot of payload."""
+    """One RDMA WRITE with immediate: at most one ring slot of payload, or (``va`` set)
+    a sequencer message to an explicit remote address."""
 
-    data: memoryview
+    data: memoryview | bytes
     imm: int
     completion: Completion | None
     slot: int = -1  # -1: a credit message, needs no slot
+    va: int = -1    # >= 0: a direct WRITE to (va, rkey), no ring slot
+    rkey: int = 0
+
+
+ANY_QP = -1
+"""``MemoryRegion.qpn`` of a region every QP may write (the collective region)."""
 
 
 @dataclass
@@ -121,6 +137,7 @@ class QueuePair:
         self.next_psn = 0
         self.pending: deque[Message] = deque()
         self.credits: deque[Message] = deque()
+        self.direct: deque[Message] = deque()  # sequencer SEND/GRANT, in program order
         self.free_slots: deque[int] = deque(range(slots))
         self.cur: Message | None = None
         self.cur_off = 0
@@ -138,7 +155,12 @@ class QueuePair:
         self.w_off = -1  # ring offset of the WRITE in progress, -1 when none
         self.w_len = 0
         self.w_done = 0
+        self.w_mr: MemoryRegion = ring
         self.arrived: deque[Arrival] = deque()
+        # Sequencer events from this peer, in arrival order: (coll_id, step).
+        self.grants: deque[tuple[int, int]] = deque()
+        self.landed: deque[tuple[int, int]] = deque()
+        self.local_port = engine.addr[1]  # our UDP source port, part of the ICRC
 
     def connect(self, *, remote_qpn: int, addr: tuple[str, int], local_ip: str, send_psn: int,
                 recv_psn: int, remote_va: int, remote_rkey: int) -> None:
@@ -155,8 +177,11 @@ class QueuePair:
     def post(self, msg: Message) -> None:
         (self.credits if msg.slot == -1 and msg.completion is None else self.pending).append(msg)
 
+    def post_direct(self, msg: Message) -> None:
+        self.direct.append(msg)
+
     def has_work(self) -> bool:
-        return self.cur is not None or bool(self.credits) or (
+        return self.cur is not None or bool(self.credits) or bool(self.direct) or (
             bool(self.pending) and bool(self.free_slots))
 
     def pump(self, now: float) -> bool:
@@ -169,6 +194,9 @@ class QueuePair:
                 if self.credits:
                     msg = self.credits.popleft()
                     self.cur_va = self.remote_va
+                elif self.direct:
+                    msg = self.direct.popleft()
+                    self.cur_va = msg.va
                 elif self.pending and self.free_slots:
                     msg = self.pending.popleft()
                     msg.slot = self.free_slots.popleft()
@@ -198,7 +226,8 @@ class QueuePair:
             opcode = Opcode.RDMA_WRITE_MIDDLE
         ext = b""
         if first:
-            ext = wire.RETH_FMT.pack(self.cur_va, self.remote_rkey, total)
+            ext = wire.RETH_FMT.pack(self.cur_va, msg.rkey if msg.va >= 0 else self.remote_rkey,
+                                     total)
         if last:
             ext += wire.IMM_FMT.pack(msg.imm)
         self.since_ackreq += 1
@@ -210,8 +239,7 @@ class QueuePair:
         payload = msg.data[off:off + n]
         pad = -n & 3
         udp_len = 8 + wire.BTH_LEN + len(ext) + n + pad + wire.ICRC_LEN
-        seed = wire.icrc_seed(self.src_ip, self.dst_ip, wire.ROCEV2_UDP_PORT,
-                              wire.ROCEV2_UDP_PORT, udp_len)
+        seed = wire.icrc_seed(self.src_ip, self.dst_ip, self.local_port, self.addr[1], udp_len)
         hdr = wire.bth(opcode, pad, self.remote_qpn, ackreq, psn) + ext
         tail = bytes(pad)
         tail += wire.datagram_icrc(seed, wire.bth_masked(opcode, pad, self.remote_qpn, ackreq, psn),
@@ -298,12 +326,12 @@ class QueuePair:
             va, rkey, dlen = wire.RETH_FMT.unpack_from(pkt, pos)
             pos += wire.RETH_LEN
             mr = eng.mrs.get(rkey)
-            if mr is None or mr.qpn != self.qpn:
+            if mr is None or (mr.qpn != self.qpn and mr.qpn != ANY_QP):
                 return self._access_error(DropReason.BAD_RKEY, psn)
             off = va - mr.va
             if off < 0 or off + dlen > len(mr.buf):
                 return self._access_error(DropReason.OUT_OF_BOUNDS, psn)
-            self.w_off, self.w_len, self.w_done = off, dlen, 0
+            self.w_off, self.w_len, self.w_done, self.w_mr = off, dlen, 0, mr
         elif self.w_off < 0:
             # MIDDLE/LAST without a FIRST: the sequence of opcodes is broken.
             eng.drop(DropReason.ACCESS_DENIED)
@@ -322,7 +350,7 @@ class QueuePair:
             return self._access_error(DropReason.OUT_OF_BOUNDS, psn)
         if n:
             start = self.w_off + self.w_done
-            self.ring.view[start:start + n] = pkt[pos:pos + n]
+            self.w_mr.view[start:start + n] = pkt[pos:pos + n]
             self.w_done += n
         self.epsn = (self.epsn + 1) & wire.PSN_MASK
         self.nak_sent = False
@@ -330,7 +358,13 @@ class QueuePair:
             self.ack_pending = True
         if opcode in _ENDS:
             self.msn = (self.msn + 1) & 0xFFFFFF
-            if imm >= 0:
+            if imm >= 0 and self.w_mr is not self.ring:
+                # The collective region: COLLECTIVE_IMM, an event for the executor.
+                if imm & wire.IMM_GRANT:
+                    self.grants.append((imm >> 16, imm & wire.IMM_STEP_MASK))
+                else:
+                    self.landed.append((imm >> 16, imm & wire.IMM_STEP_MASK))
+            elif imm >= 0:
                 coll_id, step = wire.unpack_imm(imm)
                 slot = self.w_off // self.slot_bytes
                 if step == wire.STEP_CREDIT:
@@ -350,7 +384,7 @@ class QueuePair:
     def send_ack(self, syndrome: int, psn: int) -> None:
         self.engine.stats["acks_tx"] += 1
         dg = wire.ack_datagram(self.src_ip, self.dst_ip, self.remote_qpn, psn & wire.PSN_MASK,
-                               syndrome, self.msn)
+                               syndrome, self.msn, self.local_port, self.addr[1])
         self.engine.transmit((dg,), self.addr)
 
     def flush_ack(self) -> None:
@@ -363,4 +397,4 @@ class QueuePair:
         self.post(Message(memoryview(b""), wire.pack_imm(slot, wire.STEP_CREDIT), None))
 
 
-__all__ = ["Arrival", "Completion", "MemoryRegion", "Message", "QueuePair"]
+__all__ = ["ANY_QP", "Arrival", "Completion", "MemoryRegion", "Message", "QueuePair"]

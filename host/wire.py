@@ -13,7 +13,8 @@ import ipaddress
 import struct
 import zlib
 
-from fpgaccl.proto import AETH, BTH, IMMDT, IPV4, RETH, UDP
+from fpgaccl.proto import AETH, BTH, COLLECTIVE_IMM, IMMDT, IPV4, RETH, RING_IMM, UDP
+from fpgaccl.proto.headers import RING_STEP_CREDIT, RING_STEP_P2P
 from fpgaccl.proto.icrc import VARIANT_MASK
 from fpgaccl.proto.opcodes import (
     ACK_CREDIT_INVALID,
@@ -52,12 +53,25 @@ _MASK_W1 = int.from_bytes(_BTH_MASK[4:8], "big")
 _MASK_W2 = int.from_bytes(_BTH_MASK[8:12], "big")
 _LRH_CRC = zlib.crc32(b"\xff" * 8)
 
-# Collective immediate: coll_id (16) | step (16); see proto.COLLECTIVE_IMM.
-STEP_FINAL = 0x8000
+# Sequencer messages (into the collective region): proto.COLLECTIVE_IMM exactly.
+assert [f.name for f in COLLECTIVE_IMM] == ["coll_id", "grant", "step"]
+IMM_GRANT = 1 << COLLECTIVE_IMM["step"].bits
+"""The grant bit of COLLECTIVE_IMM: a zero-length credit (sequencer GRANT)."""
+IMM_STEP_MASK = IMM_GRANT - 1
+
+
+def collective_imm(coll_id: int, grant: bool, step: int) -> int:
+    return ((coll_id & 0xFFFF) << 16) | (IMM_GRANT if grant else 0) | (step & IMM_STEP_MASK)
+
+
+# Ring messages (per-peer receive rings: send/recv and non-program schedules):
+# proto.RING_IMM, same field widths, told apart by the region the WRITE lands in.
+assert [f.name for f in RING_IMM] == ["coll_id", "final", "step"]
+STEP_FINAL = 1 << RING_IMM["step"].bits
 """Set on the last message of a transfer: the receiver checks the total length there."""
-STEP_CREDIT = 0x7FFF
+STEP_CREDIT = RING_STEP_CREDIT
 """A zero-length message returning a receive-ring slot; ``coll_id`` is the slot index."""
-STEP_P2P = 0x7FFE
+STEP_P2P = RING_STEP_P2P
 """A send/recv message; ``coll_id`` counts send/recv calls per peer pair."""
 STEP_MAX = 0x7FFD
 
@@ -99,12 +113,12 @@ def datagram_icrc(seed: int, masked_bth: bytes, *rest: bytes | memoryview) -> by
     return ICRC_FMT.pack(crc & 0xFFFFFFFF)
 
 
-def ack_datagram(src: int, dst: int, dqpn: int, psn: int, syndrome: int, msn: int) -> bytes:
+def ack_datagram(src: int, dst: int, dqpn: int, psn: int, syndrome: int, msn: int,
+                 sport: int = ROCEV2_UDP_PORT, dport: int = ROCEV2_UDP_PORT) -> bytes:
     """A complete ACK/NAK datagram (BTH + AETH + ICRC)."""
     hdr = bth(Opcode.ACKNOWLEDGE, 0, dqpn, False, psn)
     aeth = AETH_FMT.pack((syndrome << 24) | (msn & 0xFFFFFF))
-    seed = icrc_seed(src, dst, ROCEV2_UDP_PORT, ROCEV2_UDP_PORT,
-                     8 + BTH_LEN + AETH_LEN + ICRC_LEN)
+    seed = icrc_seed(src, dst, sport, dport, 8 + BTH_LEN + AETH_LEN + ICRC_LEN)
     return hdr + aeth + datagram_icrc(seed, bth_masked(Opcode.ACKNOWLEDGE, 0, dqpn, False, psn),
                                       aeth)
 

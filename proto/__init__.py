@@ -8,7 +8,18 @@ from .checksum import ipv4_checksum
 from .drops import DropReason
 from .fields import Field, Header
 from .frame import Dropped, Frame, build_frame, extension_headers, parse_frame
-from .headers import AETH, BTH, COLLECTIVE_IMM, ETH, HEADERS, IMMDT, IPV4, RETH, UDP
+from .headers import (
+    AETH,
+    BTH,
+    COLLECTIVE_IMM,
+    ETH,
+    HEADERS,
+    IMMDT,
+    IPV4,
+    RETH,
+    RING_IMM,
+    UDP,
+)
 from .icrc import check_icrc, icrc, icrc_bytes
 from .opcodes import ROCEV2_UDP_PORT, AethKind, NakCode, Opcode
 
@@ -21,6 +32,7 @@ __all__ = [
     "IMMDT",
     "IPV4",
     "RETH",
+    "RING_IMM",
     "ROCEV2_UDP_PORT",
     "UDP",
     "AethKind",

@@ -73,5 +73,20 @@ COLLECTIVE_IMM = Header("CollectiveImm", (
     Field("step", 15, 0, "algorithm step (sequencer message tag)"),
 ), "fpgaccl's meaning of the 32 immediate bits of a collective message")
 
+RING_IMM = Header("RingImm", (
+    Field("coll_id", 16, 0, "call number (send/recv: per peer-pair sequence number; "
+          "credit: the ring slot returned)"),
+    Field("final", 1, 0, "1: the last message of a transfer"),
+    Field("step", 15, 0, "schedule step, or RING_STEP_CREDIT / RING_STEP_P2P"),
+), "the software engine's immediate for WRITEs into a per-peer receive ring "
+   "(point-to-point and non-program schedules). A responder tells it from "
+   "COLLECTIVE_IMM by the memory region the WRITE lands in: the ring's rkey is given "
+   "only to that peer's QP, never to a sequencer; sequencer programs use the "
+   "collective region and COLLECTIVE_IMM")
+RING_STEP_CREDIT = 0x7FFF
+"""RING_IMM step of a zero-length WRITE returning a ring slot (``coll_id`` = the slot)."""
+RING_STEP_P2P = 0x7FFE
+"""RING_IMM step of a send/recv message (``coll_id`` = per peer-pair sequence number)."""
+
 ICRC_BYTES = 4
 HEADERS = (ETH, IPV4, UDP, BTH, RETH, AETH, IMMDT)

@@ -1,0 +1,275 @@
+"""The software sequencer: runs a :mod:`fpgaccl.proto.isa` program for this rank on the
+engine's queue pairs, putting on the wire exactly what the HDL node's router does.
+
+Semantics are those of :class:`fpgaccl.sim.models.sequencer.SequencerModel` (the
+reference) and of ``hw/sequencer`` + ``hw/datapath/router.py``:
+
+* SETUP ``k``: ``cs = ceil(count / k)``; chunk ``c`` is ``[c*cs, (c+1)*cs)`` clamped to
+  ``count`` in IN/OUT (offset and length clamped as the HDL sequencer clamps them), and
+  unclamped ``xchunk*cs`` in the buffer the peer's data lands in.
+* COPY: a local numpy copy.
+* SEND: waits for the peer's next grant (per peer, in arrival order; the grant must be
+  for this ``(coll_id, step)``), snapshots the source span (so later instructions cannot
+  change what a retransmission carries), and posts one RDMA WRITE of ``length`` elements
+  to ``peer.buffers[rbuf] + xchunk*cs*elsize`` with the peer's rkey and immediate
+  ``COLLECTIVE_IMM(coll_id, grant=0, step)``; the transport segments it at the MTU.
+* GRANT: a zero-length RDMA WRITE with ``COLLECTIVE_IMM(coll_id, grant=1, step)`` to
+  ``peer.buffers[buf] + xchunk*cs*elsize`` (the HDL sequencer hands the router
+  ``dst = buf`` = IN and ``xoffset = 0`` for the library's GRANTs).
+* RECV / RECV_REDUCE: wait for the peer's next landed message (in arrival order; it must
+  be ``(coll_id, step)``); RECV_REDUCE then computes ``buf[span] = op(src[span],
+  rbuf[xchunk*cs : +len])`` with :func:`reduce_into`, bit-exact with
+  :func:`fpgaccl.proto.reduce.reduce_reference` (the HDL reduce unit's definition),
+  vectorised over the whole span.
+* DONE: the program ends (sends may still be awaiting their ACKs: the transport keeps
+  retransmitting them, and their sources were snapshotted).
+
+Memory -- the choice, and its cost
+----------------------------------
+The HDL router reads a peer's buffer bases and rkey from ``peer`` registers written once
+at set-up (:func:`fpgaccl.host.csr_plan.connect_writes`), so a peer's IN/OUT/TMP/TMP2
+addresses cannot change per call. Every engine therefore owns one fixed
+:class:`CollectiveRegion`, registered once with one rkey for every QP and advertised at
+rendezvous: four equal buffers IN | OUT | TMP | TMP2 of ``stage_bytes`` each (the
+:class:`fpgaccl.host.csr_plan.Peer` shape: one key, four addresses). Peers' WRITEs land
+only there. Per call the communicator:
+
+* passes the user's send buffer as IN directly (read-only for the library's programs; a
+  program that writes or receives into IN gets it staged into the region's IN first);
+* runs the program with OUT/TMP/TMP2 in the region, then copies OUT (only the part the
+  caller gets: the whole vector, or chunk r for reduce_scatter) into the user's receive
+  buffer: **one extra copy of the result per call** is the cost of fixed regions;
+* splits a vector larger than the region into segments, one program run per segment,
+  each with its own ``coll_id`` (block-structured collectives -- reduce_scatter,
+  allgather, alltoall -- gather each block's slice into IN and scatter OUT back, an
+  extra copy on the way in too). The segment size follows from the smallest
+  ``stage_bytes`` of all ranks, exchanged at rendezvous, so every rank (software or
+  HDL) cuts the same segments. Within a segment the results are bit-identical to
+  ``SequencerModel`` running the same program on that segment.
+
+Memory is allocated lazily by the OS (``np.zeros``), so an unused region costs address
+space only.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Generator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from fpgaccl.errors import TransportError
+from fpgaccl.proto.isa import Buf, Instr, SeqOp, chunk_size
+from fpgaccl.proto.reduce import BITWISE_OPS, DType, ReduceOp, nan_fixup, reduce_reference
+
+from . import wire
+from .qp import ANY_QP, MemoryRegion, Message
+
+if TYPE_CHECKING:
+    from .engine import Engine
+
+N_BUFS = len(Buf)
+_EMPTY = memoryview(b"")
+DEFAULT_STAGE_BYTES = 16 << 20
+_ALIGN = 4096
+
+
+class ProgramError(TransportError):
+    """A program broke a rule of the ISA at run time (wrong message order, bad range)."""
+
+
+@dataclass(frozen=True)
+class RemoteBuffers:
+    """What a peer advertised at rendezvous: its four buffer addresses and their rkey."""
+
+    bases: tuple[int, int, int, int]
+    rkey: int
+    stage_bytes: int
+
+
+class CollectiveRegion:
+    """The engine's registered IN | OUT | TMP | TMP2, written by peers' sequencers."""
+
+    def __init__(self, engine: Engine, stage_bytes: int = DEFAULT_STAGE_BYTES) -> None:
+        self.stage_bytes = max(_ALIGN, stage_bytes - stage_bytes % _ALIGN)
+        mem = np.zeros(N_BUFS * self.stage_bytes + _ALIGN, np.uint8)
+        skip = -mem.ctypes.data % _ALIGN
+        self.mem = mem[skip:skip + N_BUFS * self.stage_bytes]
+        rkey = int(engine._rng.integers(1, 1 << 32))
+        while rkey in engine.mrs:
+            rkey = int(engine._rng.integers(1, 1 << 32))
+        self.mr = MemoryRegion(rkey, self.mem, ANY_QP)
+        engine.mrs[rkey] = self.mr
+        self.rkey = rkey
+        self.bases = tuple(self.mr.va + i * self.stage_bytes for i in range(N_BUFS))
+
+    def info(self) -> dict:
+        """The rendezvous record (JSON)."""
+        return {"key": self.rkey, "buffers": list(self.bases), "stage_bytes": self.stage_bytes}
+
+    @staticmethod
+    def remote(info: dict) -> RemoteBuffers:
+        return RemoteBuffers(tuple(int(b) for b in info["buffers"]), int(info["key"]),
+                             int(info["stage_bytes"]))
+
+    def view(self, buf: Buf, dtype: np.dtype, count: int | None = None) -> np.ndarray:
+        lo = int(buf) * self.stage_bytes
+        raw = self.mem[lo:lo + self.stage_bytes]
+        arr = raw[:len(raw) - len(raw) % dtype.itemsize].view(dtype)
+        return arr if count is None else arr[:count]
+
+
+# --------------------------------------------------------------------------- arithmetic
+_UFUNC = {ReduceOp.SUM: np.add, ReduceOp.PROD: np.multiply, ReduceOp.MIN: np.minimum,
+          ReduceOp.MAX: np.maximum, ReduceOp.BAND: np.bitwise_and,
+          ReduceOp.BOR: np.bitwise_or, ReduceOp.BXOR: np.bitwise_xor}
+
+
+def reduce_into(dtype: DType, op: ReduceOp, a: np.ndarray, b: np.ndarray,
+                out: np.ndarray) -> None:
+    """``out[:] = reduce_reference(dtype, op, a, b)``; ``out`` may alias ``a`` or ``b``.
+
+    Integers and bitwise ops are one ufunc call in place. Float sum/prod compute with
+    numpy's ufunc and apply the reference's NaN rule only where a NaN came out (the
+    ufunc's non-NaN results are the reference's by definition). Float min/max (with the
+    reference's -0 < +0 order) go through :func:`reduce_reference` itself.
+    """
+    if not dtype.is_float:
+        with np.errstate(over="ignore"):
+            _UFUNC[op](a, b, out=out)
+        return
+    if op in BITWISE_OPS:
+        raise ValueError(f"{op.name.lower()} is not defined for {dtype.name.lower()}")
+    if op is ReduceOp.SUM or op is ReduceOp.PROD:
+        with np.errstate(all="ignore"):
+            r = _UFUNC[op](a, b)
+        if np.isnan(r).any():
+            r = nan_fixup(dtype, a, b, r)
+        out[...] = r
+        return
+    out[...] = reduce_reference(dtype, op, a, b)
+
+
+# --------------------------------------------------------------------------- execution
+class _Head:
+    """Waitable for the engine's sequencer loop: done once ``queue`` is non-empty."""
+
+    __slots__ = ("queue",)
+    error = None
+
+    def __init__(self, queue: deque) -> None:
+        self.queue = queue
+
+    @property
+    def done(self) -> bool:
+        return bool(self.queue)
+
+
+def setup_chunks(program: list[Instr]) -> int:
+    """The largest chunk count any SETUP of ``program`` asks for (1 without SETUP)."""
+    return max((i.step for i in program if i.op is SeqOp.SETUP), default=1)
+
+
+def writes_in(program: list[Instr]) -> bool:
+    """Whether the program writes IN locally or waits for data landed in IN."""
+    for i in program:
+        if i.op in (SeqOp.COPY, SeqOp.RECV) and i.buf is Buf.IN:
+            return True
+        if i.op is SeqOp.RECV_REDUCE and Buf.IN in (i.buf, i.rbuf):
+            return True
+    return False
+
+
+def execute(engine: Engine, region: CollectiveRegion, remotes: dict[int, RemoteBuffers],
+            program: list[Instr], *, rank: int, coll_id: int, count: int, dtype: DType,
+            op: ReduceOp, inbuf: np.ndarray) -> Generator[Any, None, None]:
+    """Run ``program`` on this rank (a generator for :meth:`Engine.submit`).
+
+    ``inbuf``: at least ``count`` elements of the user's input (IN); OUT/TMP/TMP2 are
+    the region's. Yields waitables while a grant or message is outstanding.
+    """
+    nt = dtype.numpy_dtype()
+    isz = nt.itemsize
+    coll_id &= 0xFFFF
+    if writes_in(program):
+        staged = region.view(Buf.IN, nt, len(inbuf))
+        if not np.shares_memory(staged, inbuf):
+            staged[...] = inbuf
+        inbuf = staged
+    bufs = [inbuf, region.view(Buf.OUT, nt, count), region.view(Buf.TMP, nt),
+            region.view(Buf.TMP2, nt)]
+    cap = region.stage_bytes // isz
+    nchunks, cs = 1, count
+    by_peer = engine.by_peer
+    post_grant = wire.collective_imm
+    for pc, ins in enumerate(program):
+        o = ins.op
+        if o is SeqOp.SETUP:
+            if ins.step == 0:
+                raise ProgramError(f"rank {rank} pc {pc}: SETUP of zero chunks")
+            nchunks, cs = ins.step, chunk_size(count, ins.step)
+            if nchunks * cs > cap:
+                raise ProgramError(f"rank {rank}: {nchunks} chunks of {cs} elements exceed "
+                                   f"the {region.stage_bytes}-byte region")
+            continue
+        if o is SeqOp.DONE:
+            return
+        if o is SeqOp.NOP:
+            continue
+        if o is not SeqOp.GRANT and o is not SeqOp.RECV and ins.chunk + ins.count > nchunks:
+            raise ProgramError(f"rank {rank} pc {pc}: chunks [{ins.chunk}, "
+                               f"{ins.chunk + ins.count}) beyond {nchunks}")
+        first = min(ins.chunk * cs, count)
+        last = min((ins.chunk + ins.count) * cs, count)
+        if o is SeqOp.COPY:
+            bufs[ins.buf][first:last] = bufs[ins.src][first:last]
+            continue
+        qp = by_peer.get(ins.peer)
+        if qp is None:
+            raise ProgramError(f"rank {rank} pc {pc}: no queue pair to rank {ins.peer}")
+        remote = remotes[ins.peer]
+        xoff = ins.xchunk * cs
+        if o is SeqOp.GRANT:
+            qp.post_direct(Message(_EMPTY, post_grant(coll_id, True, ins.step), None,
+                                   va=remote.bases[ins.buf] + xoff * isz, rkey=remote.rkey))
+            continue
+        if o is SeqOp.SEND:
+            q = qp.grants
+            if not q:
+                yield _Head(q)
+            _take(q, coll_id, ins, rank, "grant")
+            nbytes = (last - first) * isz
+            if (xoff * isz + nbytes > remote.stage_bytes):
+                raise ProgramError(f"rank {rank} pc {pc}: SEND of {nbytes} bytes at element "
+                                   f"{xoff} overruns rank {ins.peer}'s region")
+            data = memoryview(bufs[ins.src][first:last].tobytes())  # the snapshot
+            qp.post_direct(Message(data, post_grant(coll_id, False, ins.step), None,
+                                   va=remote.bases[ins.rbuf] + xoff * isz, rkey=remote.rkey))
+            continue
+        if o is SeqOp.RECV or o is SeqOp.RECV_REDUCE:
+            q = qp.landed
+            if not q:
+                yield _Head(q)
+            _take(q, coll_id, ins, rank, "message")
+            if o is SeqOp.RECV_REDUCE:
+                n = last - first
+                dst = bufs[ins.buf][first:last]
+                reduce_into(dtype, op, bufs[ins.src][first:last],
+                            bufs[ins.rbuf][xoff:xoff + n], dst)
+            continue
+        raise ProgramError(f"rank {rank} pc {pc}: unknown op {o!r}")
+    raise ProgramError(f"rank {rank}: program ran off its end without DONE")
+
+
+def _take(q: deque, coll_id: int, ins: Instr, rank: int, what: str) -> None:
+    got = q.popleft()
+    if got != (coll_id, ins.step & wire.IMM_STEP_MASK):
+        raise ProgramError(f"rank {rank} waits for {what} (coll {coll_id}, step {ins.step}) "
+                           f"from rank {ins.peer}, but (coll {got[0]}, step {got[1]}) "
+                           "arrived first")
+
+
+__all__ = ["DEFAULT_STAGE_BYTES", "CollectiveRegion", "ProgramError", "RemoteBuffers",
+           "execute", "reduce_into", "setup_chunks", "writes_in"]
