@@ -60,9 +60,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"bitstream {result.bitstream.stat().st_size} bytes, "
           f"{'cached' if result.cached else f'built in {result.seconds:.0f} s'}\n")
     print(rep.table())
-    sync = [c for c in rep.clocks if c.target_mhz == max(c.target_mhz for c in rep.clocks)]
-    verdict = [f"{c.name}: {c.achieved_mhz:.1f} MHz vs target {TARGET_MHZ:.0f} MHz -> "
-               f"{'met' if c.achieved_mhz >= TARGET_MHZ else 'NOT met'}" for c in sync]
+    # The issue's 100 MHz is for the ECP5 node; other boards are held to their clock.
+    ecp5 = "NEXTPNR_ECP5" in board.tools
+    verdict = []
+    for c in rep.clocks:
+        target = TARGET_MHZ if ecp5 else c.target_mhz
+        verdict.append(f"{c.name}: {c.achieved_mhz:.1f} MHz vs target {target:.0f} MHz -> "
+                       f"{'met' if c.achieved_mhz >= target else 'NOT met'}")
     print("\n" + "\n".join(verdict))
 
     record = {
@@ -72,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         "machine": {"node": platform.node(), "cpus": os.cpu_count(),
                     "python": platform.python_version(), "system": platform.platform()},
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "target_mhz": TARGET_MHZ,
+        "target_mhz": TARGET_MHZ if ecp5 else None,
         "verdict": verdict,
         "build": result.summary(),
     }
