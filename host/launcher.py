@@ -15,8 +15,10 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from . import pcap as pcapmod
 
@@ -59,8 +61,26 @@ def run(nprocs: int, cmd: list[str], *, pcap: str | None = None, impair: str | N
         extra["FPGACCL_IMPAIR"] = impair
     if deadline_s:
         extra["FPGACCL_DEADLINE_S"] = str(deadline_s)
-    procs = [subprocess.Popen(cmd, env=rank_env(r, nprocs, port, extra))
+    procs = [subprocess.Popen(cmd, env=rank_env(r, nprocs, port, extra),
+                              stdout=subprocess.PIPE)
              for r in range(nprocs)]
+    # Whole lines only: ranks sharing one stdout pipe interleave mid-line otherwise.
+    lock = threading.Lock()
+
+    def forward(stream: Any) -> None:
+        out = sys.stdout.buffer if hasattr(sys.stdout, "buffer") else None
+        for line in iter(stream.readline, b""):
+            with lock:
+                if out is not None:
+                    out.write(line)
+                    out.flush()
+                else:
+                    sys.stdout.write(line.decode(errors="replace"))
+        stream.close()
+
+    pumps = [threading.Thread(target=forward, args=(p.stdout,), daemon=True) for p in procs]
+    for t in pumps:
+        t.start()
     rc = 0
     start = time.monotonic()
     try:
@@ -87,6 +107,8 @@ def run(nprocs: int, cmd: list[str], *, pcap: str | None = None, impair: str | N
         for p in procs:
             p.wait()
         rc = 130
+    for t in pumps:
+        t.join(5)
     if pcap and tmp is not None:
         files = sorted(Path(tmp.name).glob("rank*.pcap"))
         n = pcapmod.merge(files, pcap)
