@@ -34,7 +34,7 @@ from fpgaccl.hw.net.record import RECORD
 from fpgaccl.hw.stream.beat import beat_layout
 from fpgaccl.sim.benches.net_frames import record_word
 from fpgaccl.sim.models.stream import frame_to_beats, pack
-from fpgaccl.sim.runner import build, run
+from fpgaccl.sim.runner import FAST_BUILD_ARGS, build, run
 
 REPO = Path(__file__).resolve().parent.parent
 COUNTER_BITS = 32
@@ -160,7 +160,8 @@ def main(argv: list[str] | None = None) -> int:
     nbytes = args.width // 8
     frame_beats = -(-len(top.frame) // nbytes)
     pay_beats = -(-len(top.payload) // nbytes)
-    sim = build(top, f"net_throughput_w{args.width}_p{args.payload}")
+    sim = build(top, f"net_throughput_w{args.width}_p{args.payload}",
+                build_args=FAST_BUILD_ARGS)
     with tempfile.TemporaryDirectory() as tmp:
         raw = Path(tmp) / "counters.json"
         run(sim, "fpgaccl.sim.benches.net_throughput",

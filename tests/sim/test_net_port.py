@@ -7,7 +7,7 @@ from building the same folder at once."""
 import pytest
 
 from fpgaccl.hw.net.port import NetPort
-from fpgaccl.sim.runner import build, run
+from fpgaccl.sim.runner import FAST_BUILD_ARGS, build, run
 
 RX = {"i": "rx", "hdr": "rx_hdr", "o": "rx_payload"}
 TX = {"hdr": "tx_hdr", "i": "tx_payload", "o": "tx"}
@@ -16,7 +16,8 @@ TX = {"hdr": "tx_hdr", "i": "tx_payload", "o": "tx"}
 @pytest.mark.slow
 @pytest.mark.parametrize("width", [64, 512])
 def test_net_port_on_verilator(width):
-    sim = build(NetPort(width), f"net_port_w{width}")
+    # The benches touch only top-level ports: top-only public signals build much faster.
+    sim = build(NetPort(width), f"net_port_w{width}", build_args=FAST_BUILD_ARGS)
     run(sim, "fpgaccl.sim.benches.net_parser", params={"width": width, "ports": RX},
         test_dir=sim.build_dir / "run_parser")
     run(sim, "fpgaccl.sim.benches.net_builder", params={"width": width, "ports": TX},
