@@ -162,7 +162,7 @@ BOARDS: dict[str, Board] = {b.name: b for b in (
           "nibble link on PMOD1A (in) / PMOD1B (out), pins 1-4 data, 7 valid",
           "none (128 KiB SPRAM unused)", tools=_ICE40_TOOLS,
           # UP5K DSPs take the sequencer's chunk multiplies off the LUTs. router2: at 81%
-          # of the cells router1 spent ~5x longer untangling congestion (measured 535 s
+          # of the cells router1 spent ~3x longer untangling congestion (measured 535 s
           # vs 173 s), for 23 vs 17 MHz against a 12 MHz clock.
           build_opts={"synth_opts": "-dsp", "nextpnr_opts": "--router router2"}),
     Board("alveo-u55c", AlveoU55CPlatform, WIDE, "vivado",
