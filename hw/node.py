@@ -141,6 +141,9 @@ class Node(wiring.Component):
         # Drop counters: the parser counts the frame-level reasons, the transport the
         # rest; each reason has exactly one owner.
         for reason in DropReason:
+            if reason is DropReason.OVERSIZE:
+                m.d.comb += bank.drops_sts.oversize.value.eq(parser.oversize)
+                continue
             src = []
             if reason < len(parser.drops):
                 src.append(parser.drops[reason])

@@ -26,6 +26,7 @@ class DropReason(IntEnum):
     BAD_RKEY = 16
     OUT_OF_BOUNDS = 17
     ACCESS_DENIED = 18
+    OVERSIZE = 19        # longer than the receive buffer (the parser's frame FIFO)
 
 
 DROP_COUNTER_BITS = 32

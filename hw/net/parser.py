@@ -14,7 +14,7 @@ passed; a dropped frame is rewound and leaves no trace downstream. The price is 
 the first payload beat leaves after the frame's last beat came in. The checks are those
 of :func:`fpgaccl.proto.parse_frame`, in its order, so a dropped frame is counted under
 the same :class:`~fpgaccl.proto.DropReason` (saturating counters on ``drops``). A frame
-longer than the FIFO holds is dropped and counted on ``oversize`` (no DropReason yet).
+longer than the FIFO holds is dropped and counted on ``oversize`` (DropReason.OVERSIZE in the node).
 
 Pipeline: the cycle a beat is taken, its header bytes are captured, the ICRC register
 is updated and (after the header) a realigned payload beat is written. The cycle after a
