@@ -2,7 +2,9 @@
 sequencer, router, engines) joined by the hardware switch. Python only programs the
 registers and fills/reads memories; the run itself is Verilator alone."""
 
+import json
 import random
+import time
 
 import cocotb
 import numpy as np
@@ -95,6 +97,7 @@ async def run(tb, name, gen, world, xs, dtype, op, coll_id, psn_seed):
         await tb.csr_write(k, collective_writes(rmap, gen(k), buffers=bufs, count=n,
                                                 dtype=dtype, op=op))
     start = int(tb.dut.cycles.value)
+    wall = time.perf_counter()
     for k in range(world):
         await tb.csr_write(k, [doorbell(rmap, coll_id)])
     seen = 0
@@ -108,6 +111,7 @@ async def run(tb, name, gen, world, xs, dtype, op, coll_id, psn_seed):
                 seen |= 1 << k
         assert int(tb.dut.cycles.value) - start < limit, f"{name}: no completion"
     cycles = int(tb.dut.cycles.value) - start
+    tb.last_wall = time.perf_counter() - wall
     status = rmap.address("ctrl.status")
     outs = []
     for k in range(world):
@@ -127,6 +131,7 @@ async def collectives_on_the_cluster(dut):
     world = p["nodes"]
     dut.loss.value = p.get("loss", 0)
     log = []
+    report = []
     cases = [
         ("ring_allreduce", lambda r: P.ring_allreduce(r, world), DType.INT32, np.int32),
         ("rhd_allreduce", lambda r: P.rhd_allreduce(r, world), DType.FLOAT32, np.float32),
@@ -138,6 +143,8 @@ async def collectives_on_the_cluster(dut):
     for i, (name, gen, dtype, npt) in enumerate(cases):
         if selected and name not in selected:
             continue
+        if p.get("float_only"):
+            dtype, npt = DType.FLOAT32, np.float32
         rng = np.random.default_rng(i)
         n = p.get("count", 300) // world * world
         xs = [(rng.standard_normal(n) * 100).astype(npt) for _ in range(world)]
@@ -148,4 +155,13 @@ async def collectives_on_the_cluster(dut):
                 f"{name} node {k}:\n got {outs[k][:16]}\nwant {want[k][:16]}"
         log.append(f"{name} {world} nodes {n} x {dtype.name}: {cycles} cycles, "
                    f"{int(dut.dropped.value)} frames dropped so far")
+        report.append({"collective": name, "nodes": world, "count": n,
+                       "dtype": dtype.name.lower(), "bytes": int(xs[0].nbytes),
+                       "cycles": cycles, "wall_s": tb.last_wall,
+                       "dropped": int(dut.dropped.value)})
+    if p.get("expect_drops"):
+        assert int(dut.dropped.value) > 0, "the lossy run dropped nothing: loss not applied"
     dut._log.info("\n".join(log))
+    if p.get("report"):
+        with open(p["report"], "w") as f:
+            json.dump(report, f)

@@ -12,18 +12,21 @@ from amaranth.lib.wiring import In, Out
 from fpgaccl.hw.csr.bus import CSRBusSignature
 from fpgaccl.hw.node import Node
 
-from .memory import SimMemory
+from .blackbox import BlackBox
+from .memory import RAM_VERILOG, SimMemory
 from .switch import Switch
 
 
 class Cluster(wiring.Component):
     def __init__(self, nodes: int, width: int = 64, *, mem_bytes: int = 1 << 20,
                  qps: int | None = None, imem_words: int = 512, mtu: int = 1024,
-                 mem_latency: int = 16, timeout: int = 1 << 12, seed: int = 1) -> None:
+                 mem_latency: int = 16, timeout: int = 1 << 12, seed: int = 1,
+                 blackbox_nodes: bool = False) -> None:
         self.nodes, self.width, self.mem_bytes = nodes, width, mem_bytes
         self.qps = qps or max(2, nodes)
         self.imem_words, self.mtu, self.mem_latency = imem_words, mtu, mem_latency
         self.timeout, self.seed = timeout, seed
+        self.blackbox = BlackBox(self.node(), "fpgaccl_node") if blackbox_nodes else None
         words = mem_bytes // (width // 8)
         super().__init__({
             "sel": In(range(max(2, nodes))),
@@ -39,18 +42,31 @@ class Cluster(wiring.Component):
             "cycles": Out(48),
         })
 
+    def node(self) -> Node:
+        return Node(self.width, qps=self.qps, imem_words=self.imem_words, mtu=self.mtu,
+                    seg_bytes=min(self.mtu, 4096), timeout=self.timeout)
+
     def elaborate(self, platform) -> Module:
         m = Module()
+        if self.blackbox is None:
+            # Amaranth's own simulation or a small build: elaborate every node inline.
+            nodes = [self.node() for _ in range(self.nodes)]
+            for k, node in enumerate(nodes):
+                m.submodules[f"node{k}"] = node
+        else:
+            nodes = []
+            for k in range(self.nodes):
+                iface, inst = self.blackbox.instance(f"node{k}")
+                m.submodules[f"node{k}"] = inst
+                nodes.append(iface)
         m.submodules.switch = sw = Switch(self.width, self.nodes, seed=self.seed)
         m.d.comb += [sw.loss.eq(self.loss), self.dropped.eq(sw.dropped)]
         cycles = Signal(48)
         m.d.sync += cycles.eq(cycles + 1)
         m.d.comb += self.cycles.eq(cycles)
-        for k in range(self.nodes):
-            node = Node(self.width, qps=self.qps, imem_words=self.imem_words, mtu=self.mtu,
-                        seg_bytes=min(self.mtu, 4096), timeout=self.timeout)
-            mem = SimMemory(self.width, self.mem_bytes, latency=self.mem_latency)
-            m.submodules[f"node{k}"] = node
+        for k, node in enumerate(nodes):
+            mem = SimMemory(self.width, self.mem_bytes, latency=self.mem_latency,
+                            verilog_ram=True)
             m.submodules[f"mem{k}"] = mem
             wiring.connect(m, node.rd_req, mem.rd_req)
             wiring.connect(m, mem.rd_resp, node.rd_resp)
@@ -70,3 +86,22 @@ class Cluster(wiring.Component):
                 m.d.comb += [self.csr.r_data.eq(node.csr.r_data),
                              self.bd_rdata.eq(mem.bd_rdata)]
         return m
+
+
+# One configuration serves the tests and the benches, so CI compiles it once: four
+# 64-bit nodes with room for 1 MiB collectives (IN, OUT and two scratch buffers).
+STANDARD = {"nodes": 4, "width": 64, "mem_bytes": 8 << 20, "imem_words": 256, "mtu": 4096}
+
+
+def build_standard(**overrides):
+    """Verilator build of the standard cluster (cached): returns ``(SimBuild, params)``
+    with the parameters the cluster bench needs."""
+    from fpgaccl.sim.runner import FAST_BUILD_ARGS, build
+
+    cfg = {**STANDARD, **overrides}
+    cluster = Cluster(cfg["nodes"], cfg["width"], mem_bytes=cfg["mem_bytes"],
+                      imem_words=cfg["imem_words"], mtu=cfg["mtu"], blackbox_nodes=True)
+    name = f"cluster{cfg['nodes']}_w{cfg['width']}"
+    sim = build(cluster, name, build_args=(*FAST_BUILD_ARGS, "-fno-inline"), cxx_opt="-O1",
+                extra_sources=[RAM_VERILOG, cluster.blackbox.source])
+    return sim, {**cfg, "qps": cluster.qps}
