@@ -59,19 +59,26 @@ def beats_to_frame(beats: Iterable[dict[str, int]], width: int) -> bytes:
     return bytes(out)
 
 
-class StreamSource:
-    """Drives beats into a DUT stream sink, idling at random with ``idle_prob``."""
+class _StreamPort:
+    """The three flattened signals of stream ``prefix`` and how to pack its beats."""
 
-    def __init__(self, dut, prefix: str, clk, width: int, *, idle_prob: float = 0.0,
-                 rng: random.Random | None = None) -> None:
+    def __init__(self, dut, prefix: str, clk, width: int, rng: random.Random) -> None:
         self.payload = getattr(dut, f"{prefix}__payload")
         self.valid = getattr(dut, f"{prefix}__valid")
         self.ready = getattr(dut, f"{prefix}__ready")
         self.clk = clk
         self.layout = beat_layout(width)
         self.width = width
+        self.rng = rng
+
+
+class StreamSource(_StreamPort):
+    """Drives beats into a DUT stream sink, idling at random with ``idle_prob``."""
+
+    def __init__(self, dut, prefix: str, clk, width: int, *, idle_prob: float = 0.0,
+                 rng: random.Random | None = None) -> None:
+        super().__init__(dut, prefix, clk, width, rng or random.Random(0))
         self.idle_prob = idle_prob
-        self.rng = rng or random.Random(0)
         self.valid.value = 0
 
     async def send_beats(self, beats: Iterable[dict[str, int]]) -> None:
@@ -91,19 +98,13 @@ class StreamSource:
         await self.send_beats(frame_to_beats(frame, self.width))
 
 
-class StreamSink:
+class StreamSink(_StreamPort):
     """Accepts beats from a DUT stream source, stalling at random with ``stall_prob``."""
 
     def __init__(self, dut, prefix: str, clk, width: int, *, stall_prob: float = 0.0,
                  rng: random.Random | None = None) -> None:
-        self.payload = getattr(dut, f"{prefix}__payload")
-        self.valid = getattr(dut, f"{prefix}__valid")
-        self.ready = getattr(dut, f"{prefix}__ready")
-        self.clk = clk
-        self.layout = beat_layout(width)
-        self.width = width
+        super().__init__(dut, prefix, clk, width, rng or random.Random(1))
         self.stall_prob = stall_prob
-        self.rng = rng or random.Random(1)
         self.ready.value = 0
 
     async def recv_beat(self) -> dict[str, int]:
