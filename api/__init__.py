@@ -13,9 +13,10 @@ from . import errors
 __version__ = "0.1.0"
 
 
-def init(backend: str = "software", **kwargs: Any):
+def init(backend: str | None = None, **kwargs: Any):
     """This process's Communicator, from the launcher's environment
-    (see :func:`fpgaccl.host.init`). Imported lazily: the runtime pulls in numpy and
+    (see :func:`fpgaccl.host.init`; the backend defaults to FPGACCL_BACKEND, set by
+    ``fpgaccl run --backend``, else software). Imported lazily: the runtime pulls in numpy and
     ml_dtypes, which ``import fpgaccl`` alone should not pay for."""
     from .host import init as _init
     return _init(backend, **kwargs)

@@ -26,6 +26,10 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--deadline", type=float, default=None,
                      help="seconds before a stuck collective raises CollectiveTimeoutError")
     run.add_argument("--timeout", type=float, default=None, help="kill the run after this long")
+    run.add_argument("--backend", choices=("software", "sim"), default="software",
+                     help="sim: each rank drives a node of the Verilator-simulated cluster")
+    run.add_argument("--waves", action="store_true",
+                     help="with --backend sim: dump waveforms (a separate traced build)")
     run.add_argument("cmd", nargs="*", help=argparse.SUPPRESS)
 
     from .bench import add_arguments
@@ -45,7 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "run":
         from .launcher import run as launch
         return launch(args.nprocs, list(args.cmd) + rest, pcap=args.pcap, impair=args.impair,
-                      deadline_s=args.deadline, timeout_s=args.timeout)
+                      deadline_s=args.deadline, timeout_s=args.timeout,
+                      backend=args.backend, waves=args.waves)
     if args.command == "bench":
         from .bench import main as bench_main
         return bench_main(args)

@@ -115,7 +115,17 @@ def loopback_ip(master_port: int, rank: int) -> str:
 
 
 class Communicator:
-    """``world_size`` ranks joined by one RC queue pair per peer."""
+    """``world_size`` ranks joined by one RC queue pair per peer.
+
+    ``backend="sim"`` gives a :class:`fpgaccl.host.sim_backend.SimCommunicator`: the same
+    API and programs, run by a node of the Verilator-simulated cluster."""
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Communicator:
+        backend = kwargs.get("backend", args[2] if len(args) > 2 else "software")
+        if cls is Communicator and backend == "sim":
+            from .sim_backend import SimCommunicator
+            cls = SimCommunicator
+        return super().__new__(cls)
 
     def __init__(self, rank: int, world_size: int, backend: str = "software", *,
                  master_addr: str | None = None, master_port: int | None = None,
@@ -127,7 +137,7 @@ class Communicator:
         if backend != "software":
             raise BackendUnavailableError(
                 f"backend {backend!r} is not available from the host runtime yet; "
-                "use backend='software'")
+                "use backend='software' or 'sim'")
         if not isinstance(world_size, int) or world_size < 1:
             raise InvalidArgumentError("world_size", f"{world_size!r} must be a positive int")
         if not isinstance(rank, int) or not 0 <= rank < world_size:
@@ -696,18 +706,21 @@ def world_from_env(env: Mapping[str, str] | None = None) -> tuple[int, int]:
     return 0, 1
 
 
-def init(backend: str = "software", **kwargs: Any) -> Communicator:
+def init(backend: str | None = None, **kwargs: Any) -> Communicator:
     """This process's communicator, from the environment of whichever launcher started it.
 
     ``fpgaccl run`` sets FPGACCL_RANK/FPGACCL_WORLD_SIZE; torchrun sets RANK/WORLD_SIZE/
     MASTER_ADDR/MASTER_PORT; Slurm SLURM_PROCID/SLURM_NTASKS; OpenMPI
     OMPI_COMM_WORLD_RANK/OMPI_COMM_WORLD_SIZE. Without any of them: a world of one.
+    The backend, unless given, is FPGACCL_BACKEND's (``fpgaccl run --backend``), else
+    ``software``.
     """
     global _WORLD
     if _WORLD is not None and not _WORLD._closed:
         return _WORLD
     rank, world = world_from_env()
     env = os.environ
+    backend = backend or env.get("FPGACCL_BACKEND") or "software"
     if "FPGACCL_PCAP_DIR" in env and "pcap" not in kwargs:
         kwargs["pcap"] = Path(env["FPGACCL_PCAP_DIR"]) / f"rank{rank}.pcap"
     if "FPGACCL_IMPAIR" in env and "impair" not in kwargs:

@@ -42,8 +42,54 @@ def rank_env(rank: int, world: int, port: int, extra: dict[str, str] | None = No
 
 
 def run(nprocs: int, cmd: list[str], *, pcap: str | None = None, impair: str | None = None,
-        deadline_s: float | None = None, timeout_s: float | None = None) -> int:
-    """Run ``cmd`` as ``nprocs`` ranks; the exit status is the first failing rank's."""
+        deadline_s: float | None = None, timeout_s: float | None = None,
+        backend: str = "software", waves: bool = False) -> int:
+    """Run ``cmd`` as ``nprocs`` ranks; the exit status is the first failing rank's.
+
+    ``backend="sim"`` first starts the simulation server (:mod:`fpgaccl.sim.server`) and
+    gives every rank its socket (FPGACCL_SIM_SOCKET) and FPGACCL_BACKEND=sim, so
+    ``fpgaccl.init()`` connects each rank to node ``rank`` of the simulated cluster; the
+    server prints the run summary when the ranks are done.
+    """
+    server = None
+    if backend == "sim":
+        from fpgaccl.host.sim_backend import SIM_MAX_NODES
+        if nprocs > SIM_MAX_NODES:
+            print(f"fpgaccl run: --backend sim runs at most {SIM_MAX_NODES} ranks (the "
+                  f"simulated cluster's nodes), not {nprocs}", file=sys.stderr)
+            return 2
+        if pcap or impair:
+            print("fpgaccl run: --pcap/--impair are software-backend options; the sim "
+                  "backend has --waves and the switch's loss", file=sys.stderr)
+            return 2
+        if not cmd:
+            print("fpgaccl run: no command given", file=sys.stderr)
+            return 2
+        from fpgaccl.sim.server import ServerProcess
+        print("fpgaccl run: starting the simulation server (the first run builds the "
+              "cluster: minutes)", file=sys.stderr)
+        server = ServerProcess(waves=waves)
+        try:
+            sock = server.wait_ready()
+        except Exception as e:
+            print(f"fpgaccl run: {e}", file=sys.stderr)
+            return 1
+        try:
+            return _run(nprocs, cmd, pcap=None, impair=None, deadline_s=deadline_s,
+                        timeout_s=timeout_s,
+                        extra={"FPGACCL_BACKEND": "sim", "FPGACCL_SIM_SOCKET": sock})
+        finally:
+            server.stop()
+    elif backend != "software":
+        print(f"fpgaccl run: unknown backend {backend!r}", file=sys.stderr)
+        return 2
+    return _run(nprocs, cmd, pcap=pcap, impair=impair, deadline_s=deadline_s,
+                timeout_s=timeout_s)
+
+
+def _run(nprocs: int, cmd: list[str], *, pcap: str | None, impair: str | None,
+         deadline_s: float | None, timeout_s: float | None,
+         extra: dict[str, str] | None = None) -> int:
     if nprocs < 1:
         print("fpgaccl run: -n must be at least 1", file=sys.stderr)
         return 2
@@ -52,7 +98,7 @@ def run(nprocs: int, cmd: list[str], *, pcap: str | None = None, impair: str | N
               file=sys.stderr)
         return 2
     port = free_port()
-    extra: dict[str, str] = {}
+    extra = dict(extra or {})
     tmp = None
     if pcap:
         tmp = tempfile.TemporaryDirectory(prefix="fpgaccl-pcap-")
