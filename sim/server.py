@@ -27,9 +27,24 @@ from fpgaccl.errors import BackendUnavailableError, ToolchainError
 SERVER_MODULE = "fpgaccl.sim.benches.sim_server"
 
 
+BUILD_ENV = "FPGACCL_SIM_BUILD"
+"""JSON ``{"build_dir", "toplevel", "params"}`` of an existing build of the standard
+cluster: the server uses it as is, skipping the elaboration that checks the cache
+(~10-20 s). Tests that already called build_standard() set it."""
+
+
+def build_env(sim: Any, params: dict[str, Any]) -> dict[str, str]:
+    return {BUILD_ENV: json.dumps({"build_dir": str(sim.build_dir), "toplevel": sim.toplevel,
+                                   "verilog": str(sim.verilog), "params": params})}
+
+
 def build_cluster(waves: bool = False):
     """The standard cluster's build; with ``waves`` a separate, traced build."""
     from fpgaccl.sim.hdl.cluster import build_standard
+    from fpgaccl.sim.runner import SimBuild
+    if not waves and os.environ.get(BUILD_ENV):
+        b = json.loads(os.environ[BUILD_ENV])
+        return SimBuild(b["toplevel"], Path(b["build_dir"]), Path(b["verilog"])), b["params"]
     if not waves:
         return build_standard()
     # The same configuration as build_standard(), compiled with tracing on.

@@ -6,9 +6,11 @@ calls raise typed errors naming the argument."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import numpy as np
 import pytest
@@ -16,6 +18,7 @@ import pytest
 from fpgaccl.errors import BackendUnavailableError, UnsupportedError
 from fpgaccl.host import Communicator
 from fpgaccl.host.sim_backend import SOCKET_ENV
+from fpgaccl.sim.server import build_env
 
 WORLD = 4
 
@@ -63,7 +66,7 @@ def cluster():
     return build_standard()   # the build tests/sim/test_cluster.py shares
 
 
-def launch(tmp_path, backend):
+def launch(tmp_path, backend, cluster):
     out = tmp_path / backend
     out.mkdir()
     script = tmp_path / "script.py"
@@ -71,15 +74,19 @@ def launch(tmp_path, backend):
     proc = subprocess.run(
         [sys.executable, "-m", "fpgaccl.host.cli", "run", "-n", str(WORLD), "--backend",
          backend, "--timeout", "300", "--", sys.executable, str(script), str(out)],
-        capture_output=True, text=True, timeout=400)
+        capture_output=True, text=True, timeout=400, env={**os.environ, **build_env(*cluster)})
     assert proc.returncode == 0, f"{backend}:\n{proc.stdout}\n{proc.stderr}"
     return [dict(np.load(out / f"rank{r}.npz")) for r in range(WORLD)], proc
 
 
 @pytest.mark.slow
 def test_same_script_on_sim_and_software(cluster, tmp_path):
-    sim, sim_proc = launch(tmp_path, "sim")
-    soft, _ = launch(tmp_path, "software")
+    t0 = time.monotonic()
+    sim, sim_proc = launch(tmp_path, "sim", cluster)
+    t1 = time.monotonic()
+    soft, _ = launch(tmp_path, "software", cluster)
+    print(f"sim run {t1 - t0:.1f} s, software run {time.monotonic() - t1:.1f} s")
+    print(sim_proc.stderr)
     p, n = WORLD, 1200
     xi = [sim[r]["in_i"] for r in range(p)]
     total = np.sum(xi, axis=0, dtype=np.int32)
