@@ -46,7 +46,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--qps", type=int, default=None)
     ap.add_argument("--no-cache", action="store_true")
     ap.add_argument("--out", type=Path, default=REPO / "bench/results/boards_fmax.json")
+    ap.add_argument("--partial", type=Path, default=None, metavar="BUILD_FOLDER",
+                    help="record what nextpnr's log says of a build still running (or "
+                         "killed): utilisation and the post-placement Fmax estimate")
     args = ap.parse_args(argv)
+    if args.partial:
+        return partial(args)
 
     board = BOARDS[args.board]
     if not board.open_flow:
@@ -79,6 +84,32 @@ def main(argv: list[str] | None = None) -> int:
         "target_mhz": TARGET_MHZ if ecp5 else None,
         "verdict": verdict,
         "build": result.summary(),
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(record, indent=2) + "\n")
+    print(f"\nwrote {args.out}")
+    return 0
+
+
+def partial(args) -> int:
+    from fpgaccl.boards.report import parse_log
+    rep = parse_log(args.partial)
+    note = ("INCOMPLETE: routing had not finished; Fmax is nextpnr's post-placement "
+            "estimate, utilisation is after packing")
+    print(f"{args.partial}\n{note}\n\n{rep.table()}")
+    verdict = [f"{c.name}: {c.achieved_mhz:.1f} MHz (estimate) vs target {TARGET_MHZ:.0f} MHz"
+               f" -> {'met' if c.achieved_mhz >= TARGET_MHZ else 'NOT met'}"
+               for c in rep.clocks]
+    print("\n" + "\n".join(verdict))
+    record = {
+        "bench": "boards_fmax", "status": note,
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "git": git_rev(),
+        "machine": {"node": platform.node(), "cpus": os.cpu_count(),
+                    "python": platform.python_version(), "system": platform.platform()},
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "target_mhz": TARGET_MHZ, "verdict": verdict,
+        "build_folder": str(args.partial), "report": rep.as_dict(),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(record, indent=2) + "\n")

@@ -184,3 +184,23 @@ def parse_report(folder: Path | str, family: str | None = None) -> Report:
     paths = [p for p in map(_path, data.get("critical_paths", []))
              if _PSEUDO_CLOCK not in p.from_clock + p.to_clock]
     return Report(family, resources, clocks, paths)
+
+
+_LOG_UTIL = re.compile(r"^Info:\s+(\w+):\s+(\d+)/\s*(\d+)\s+\d+%", re.M)
+_LOG_FMAX = re.compile(r"Max frequency for clock\s+'([^']+)':\s+([\d.]+) MHz \((?:PASS|FAIL) "
+                       r"at ([\d.]+) MHz\)")
+
+
+def parse_log(folder: Path | str, family: str = "ecp5") -> Report:
+    """What nextpnr's log already says while it is still routing (or after it gave up):
+    utilisation after packing and the latest Fmax estimate -- after placement until
+    routing ends. No critical paths: those are only reported at the end."""
+    text = (Path(folder) / "top.tim").read_text()
+    util = {name: (int(u), int(a)) for name, u, a in _LOG_UTIL.findall(text)}
+    resources = [Resource(label, *util[bel]) for label, bel, cells in _ROWS[family]
+                 if bel in util and not cells]
+    latest: dict[str, Clock] = {}
+    for name, achieved, target in _LOG_FMAX.findall(text):
+        if _PSEUDO_CLOCK not in name:
+            latest[name] = Clock(name, float(achieved), float(target))
+    return Report(family, resources, list(latest.values()), [])
