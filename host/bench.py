@@ -73,7 +73,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("collective", nargs="?", default="allreduce", choices=COLLECTIVES)
     p.add_argument("-g", "--ranks", type=int, default=4, help="world size (local ranks)")
     p.add_argument("-b", "--minbytes", default="8", help="smallest size, e.g. 8, 1K, 1M")
-    p.add_argument("-e", "--maxbytes", default="32M", help="largest size")
+    p.add_argument("-e", "--maxbytes", default=None,
+                   help="largest size (default 32M; 64K on --backend sim)")
     p.add_argument("-f", "--stepfactor", type=int, default=2, help="size multiplier per step")
     p.add_argument("-n", "--iters", type=int, default=20, help="timed iterations per size")
     p.add_argument("-w", "--warmup_iters", type=int, default=5, help="untimed iterations")
@@ -85,6 +86,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--algo", default=None, help="force an algorithm (ring, rhd, tree, chain)")
     p.add_argument("--mtu", type=int, default=4096)
     p.add_argument("--json", default=None, help="write the results as JSON to this file")
+    p.add_argument("--backend", default="software", choices=("software", "sim"),
+                   help="sim: the ranks drive the Verilator-simulated cluster; times are "
+                        "simulated cycles at 250 MHz (doorbell to completion)")
 
 
 # ------------------------------------------------------------------------------ worker side
@@ -197,14 +201,18 @@ def _measure(case: _Case, inplace: bool, args: argparse.Namespace) -> tuple[floa
         case.reset(inplace)
         case.run(inplace)
     wrong = 0
-    if args.check:
+    sim = case.comm.backend == "sim"
+    if args.check or sim:
         total = 0.0
         for _ in range(args.iters):
             case.reset(inplace)
             t0 = time.perf_counter()
             out = case.run(inplace)
-            total += time.perf_counter() - t0
-            wrong += case.wrong(out)
+            # On sim the time is the engines', in simulated cycles at the stated clock.
+            total += (case.comm.last_cycles / (case.comm.clock_mhz * 1e6) if sim
+                      else time.perf_counter() - t0)
+            if args.check:
+                wrong += case.wrong(out)
         elapsed = total
     else:
         case.reset(inplace)
@@ -229,6 +237,23 @@ UNITS = ("#{:>11} {:>12} {:>8} {:>6} {:>6}  {:>9} {:>7} {:>7} {:>6}  {:>9} {:>7}
                  "(us)", "(GB/s)", "(GB/s)", ""))
 
 
+SIM_HEADER = ("#{:>11} {:>12} {:>8} {:>6} {:>6}  {:>9} {:>9} {:>7} {:>7} {:>6}  {:>9} {:>9} {:>7} "
+              "{:>7} {:>6}").format("size", "count", "type", "redop", "root", "cycles", "time",
+                                    "algbw", "busbw", "#wrong", "cycles", "time", "algbw",
+                                    "busbw", "#wrong")
+SIM_UNITS = ("#{:>11} {:>12} {:>8} {:>6} {:>6}  {:>9} {:>9} {:>7} {:>7} {:>6}  {:>9} {:>9} {:>7} "
+             "{:>7} {:>6}").format("(B)", "(elements)", "", "", "", "", "(us)", "(GB/s)",
+                                   "(GB/s)", "", "", "(us)", "(GB/s)", "(GB/s)", "")
+
+
+def format_sim_row(row: dict) -> str:
+    o, i = row["out_of_place"], row["in_place"]
+    return (f" {row['size']:>11} {row['count']:>12} {row['type']:>8} {row['redop']:>6} "
+            f"{row['root']:>6}  {o['cycles']:>9} {o['time_us']:>9.2f} {o['algbw']:>7.3f} "
+            f"{o['busbw']:>7.3f} {o['wrong']:>6}  {i['cycles']:>9} {i['time_us']:>9.2f} "
+            f"{i['algbw']:>7.3f} {i['busbw']:>7.3f} {i['wrong']:>6}")
+
+
 def format_row(row: dict) -> str:
     o, i = row["out_of_place"], row["in_place"]
     return (f" {row['size']:>11} {row['count']:>12} {row['type']:>8} {row['redop']:>6} "
@@ -242,14 +267,23 @@ def worker(args: argparse.Namespace) -> int:
     comm = init(mtu=args.mtu)
     lead = comm.rank == 0
     coll = args.collective
-    if lead:
+    sim = comm.backend == "sim"
+    if lead and sim:
+        print(f"# fpgaccl bench: {coll}, {comm.world_size} ranks, sim backend (HDL nodes on "
+              f"the Verilator cluster), time = simulated cycles at {comm.clock_mhz:g} MHz "
+              f"from doorbell to completion (slowest rank), {args.iters} iters, "
+              f"{args.warmup_iters} warmup, check {args.check}")
+        print(SIM_HEADER)
+        print(SIM_UNITS, flush=True)
+    elif lead:
         print(f"# fpgaccl bench: {coll}, {comm.world_size} ranks, software backend over "
               f"RoCEv2/UDP, mtu {args.mtu}, {args.iters} iters, {args.warmup_iters} warmup, "
               f"check {args.check}")
         print(HEADER)
         print(UNITS, flush=True)
     rows = []
-    size_list = sizes(parse_size(args.minbytes), parse_size(args.maxbytes), args.stepfactor)
+    maxbytes = args.maxbytes or ("64K" if sim else "32M")
+    size_list = sizes(parse_size(args.minbytes), parse_size(maxbytes), args.stepfactor)
     start = time.monotonic()
     factor = busbw_factor(coll, comm.world_size)
     wrong_total = 0
@@ -261,6 +295,9 @@ def worker(args: argparse.Namespace) -> int:
             algbw = case.nbytes / t / 1e9 if t > 0 else 0.0
             res["in_place" if inplace else "out_of_place"] = {
                 "time_us": t * 1e6, "algbw": algbw, "busbw": algbw * factor, "wrong": wrong}
+            if sim:
+                res["in_place" if inplace else "out_of_place"]["cycles"] = round(
+                    t * comm.clock_mhz * 1e6)
             wrong_total += wrong
         redop = args.op if coll in ("allreduce", "reduce", "reduce_scatter") else "none"
         root = args.root if coll in ("reduce", "broadcast") else -1
@@ -268,7 +305,7 @@ def worker(args: argparse.Namespace) -> int:
                "root": root, **res}
         rows.append(row)
         if lead:
-            print(format_row(row), flush=True)
+            print(format_sim_row(row) if sim else format_row(row), flush=True)
             elapsed = time.monotonic() - start
             if elapsed > 2:
                 bar = "#" * int(30 * (k + 1) / len(size_list))
@@ -292,7 +329,8 @@ def worker(args: argparse.Namespace) -> int:
                    "git_rev": git_rev(), "machine": machine(),
                    "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
                    "params": {k: v for k, v in vars(args).items() if k != "json"},
-                   "world_size": comm.world_size, "backend": "software", "rows": rows,
+                   "world_size": comm.world_size, "backend": comm.backend, "rows": rows,
+                   **({"clock_mhz": comm.clock_mhz} if sim else {}),
                    "wrong_total": wrong_total, "peak_rss_mib": float(rss[0]),
                    "drops_rank0": drops}
             Path(args.json).parent.mkdir(parents=True, exist_ok=True)
@@ -306,14 +344,16 @@ def main(args: argparse.Namespace) -> int:
     """Parent side: start the ranks, each running :func:`worker` with the same options."""
     from .launcher import run
     argv = [sys.executable, "-m", "fpgaccl.host.bench", "--worker", args.collective,
-            "-b", str(args.minbytes), "-e", str(args.maxbytes), "-f", str(args.stepfactor),
+            "-b", str(args.minbytes), "-f", str(args.stepfactor),
             "-n", str(args.iters), "-w", str(args.warmup_iters), "-c", str(args.check),
             "-d", args.datatype, "-o", args.op, "-r", str(args.root), "--mtu", str(args.mtu)]
+    if args.maxbytes:
+        argv += ["-e", str(args.maxbytes)]
     if args.algo:
         argv += ["--algo", args.algo]
     if args.json:
         argv += ["--json", str(Path(args.json).resolve())]
-    return run(args.ranks, argv)
+    return run(args.ranks, argv, backend=args.backend)
 
 
 if __name__ == "__main__":
