@@ -1,6 +1,7 @@
 """One DmaNode on Amaranth's simulator at 128 bits (the Verilator test runs 64): WORK
 entries start a copy program host -> GPU window through the node's copy engine; the
-same program into an unmapped GPU page completes with UNMAPPED and writes nothing."""
+same program into an unmapped GPU page completes with UNMAPPED and writes nothing; a
+WORK entry for a disabled node completes with NOT_STARTED."""
 
 import pytest
 from amaranth.sim import Simulator
@@ -76,7 +77,8 @@ def test_dma_node_copy_and_unmapped_128():
     hole = node_addr(Space.GPU, VA_BASE + 30 * GPU_PAGE)
     second = [(rm.address("coll.out_lo"), hole & 0xFFFF_FFFF),
               (rm.address("coll.out_hi"), hole >> 32), (rm.address("dma.sq_tail"), 2)]
-    for i in range(2):
+    third = [w("ctrl.control", enable=0), (rm.address("dma.sq_tail"), 3)]
+    for i in range(3):
         host.mem.write(SQ + 64 * i, pack_wqe(opcode=Opcode.WORK, wr_id=i + 1,
                                              imm=work_imm(0, i + 1)))
 
@@ -90,7 +92,8 @@ def test_dma_node_copy_and_unmapped_128():
             first_done["writes"] = len(gpu.writes())
         return bool(cqe(0)["phase"])
 
-    csr = Csr(dut, [(lambda: True, setup), (after_first, second)])
+    csr = Csr(dut, [(lambda: True, setup), (after_first, second),
+                    (lambda: cqe(1)["phase"] == 1, third)])
 
     class Net:
         def drive(self, ctx):
@@ -107,7 +110,7 @@ def test_dma_node_copy_and_unmapped_128():
 
     async def tb(ctx):
         await run_agents(ctx, [csr, Net(), AxiAgent(dut.host, host), AxiAgent(dut.gpu, gpu)],
-                         lambda: cqe(1)["phase"] == 1 and host.idle(), 20_000)
+                         lambda: cqe(2)["phase"] == 1 and host.idle(), 20_000)
 
     sim.add_testbench(tb)
     sim.run()
@@ -118,3 +121,4 @@ def test_dma_node_copy_and_unmapped_128():
     assert gpu.read_va(dst + len(payload), 16) == bytes(16)
     assert cqe(1)["status"] == Status.UNMAPPED
     assert len(gpu.writes()) == first_done["writes"]      # nothing after the first program
+    assert cqe(2)["status"] == Status.NOT_STARTED          # the node was disabled
