@@ -220,7 +220,7 @@ class SimCommunicator(Communicator):
         if err is None:
             return head, body
         detail = head.get("detail", "")
-        if err == "timeout":
+        if err in ("timeout", "peer"):
             raise CollectiveTimeoutError(name, self.rank, timeout, detail)
         if err == "engine":
             raise TransportError(f"rank {self.rank}: {detail}")

@@ -67,6 +67,7 @@ class Server:
         self.bufs = self.tb.layout(self.stage_bytes)
         self.stats = {"collectives": 0, "node_cycles": 0, "errors": 0}
         self.ever = False
+        self.gone = set()         # nodes whose rank left: collectives needing them fail
         self.drops_total = [{} for _ in range(self.tb.nodes)]
         self.stop = False
 
@@ -78,6 +79,10 @@ class Server:
         elif kind in ("collective", "barrier"):
             if client.node is None:
                 client.reply({"error": "protocol", "detail": "hello first"})
+                return
+            if self.gone:
+                client.reply({"error": "peer", "detail": f"rank(s) {sorted(self.gone)} left "
+                              f"the world before calling {h.get('name', kind)}"})
                 return
             key = (kind, h["seq"])
             group = self.pending.setdefault(key, {})
@@ -147,6 +152,24 @@ class Server:
         for k, (client, h, _) in group.items():
             self.running[k] = (client, h, start)
         self.stats["collectives"] += 1
+
+    def left(self, node):
+        """Rank ``node`` disconnected: whoever waits for it in a collective never gets it.
+        (A collective already rung runs to completion: the engine needs no host.)"""
+        self.clients.pop(node, None)
+        self.hellos.pop(node, None)
+        self.running.pop(node, None)
+        if self.world is None or node >= self.world:
+            return
+        self.gone.add(node)
+        for key in list(self.pending):
+            group = self.pending[key]
+            if node in group:
+                continue
+            del self.pending[key]
+            for client, h, _ in group.values():
+                client.reply({"error": "peer", "detail": f"rank {node} left the world before "
+                              f"calling {h.get('name', key[0])}"})
 
     async def poll_running(self):
         busy = int(self.dut.busy.value)
@@ -245,9 +268,7 @@ async def serve(dut):
                     sel.unregister(client.sock)
                     client.sock.close()
                     if client.node is not None:
-                        srv.clients.pop(client.node, None)
-                        srv.hellos.pop(client.node, None)
-                        srv.running.pop(client.node, None)
+                        srv.left(client.node)
                     continue
                 for h, payload in client.reader.feed(data):
                     work.append((client, h, payload))

@@ -23,12 +23,13 @@ from fpgaccl.sim.server import build_env
 WORLD = 4
 
 SCRIPT = textwrap.dedent("""
+    import os
     import sys
 
     import numpy as np
 
     import fpgaccl
-    from fpgaccl.errors import UnsupportedError
+    from fpgaccl.errors import CollectiveTimeoutError, UnsupportedError
 
     comm = fpgaccl.init()
     r, p = comm.rank, comm.world_size
@@ -57,6 +58,18 @@ SCRIPT = textwrap.dedent("""
     comm.barrier()
     np.savez(f"{sys.argv[1]}/rank{r}.npz", **{k: v for k, v in res.items() if v is not None})
     print(f"rank {r} done on {comm.backend}", flush=True)
+    if comm.backend == "sim":
+        # A rank that leaves: the others' next collective fails with a timeout error
+        # instead of hanging.
+        if r == 3:
+            os._exit(0)
+        try:
+            comm.allreduce(xi, np.empty_like(xi))
+            gone = "completed"
+        except CollectiveTimeoutError as e:
+            gone = str(e)
+        with open(f"{sys.argv[1]}/gone{r}.txt", "w") as f:
+            f.write(gone)
 """)
 
 
@@ -108,6 +121,9 @@ def test_same_script_on_sim_and_software(cluster, tmp_path):
             assert s[key].tobytes() == val.tobytes(), f"rank {r}: {key} differs"
         np.testing.assert_allclose(s["allreduce_f"], np.sum([x["in_f"] for x in sim], 0),
                                    rtol=1e-4, atol=1e-2)
+        if r < 3:
+            gone = (tmp_path / "sim" / f"gone{r}.txt").read_text()
+            assert "rank 3 left" in gone, gone
     # The server's run summary.
     assert "fpgaccl sim: 4 of 4 nodes" in sim_proc.stderr
     assert "0 errors" in sim_proc.stderr
