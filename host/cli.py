@@ -42,7 +42,12 @@ def main(argv: list[str] | None = None) -> int:
     ard.add_argument("-e", "--maxbytes", default="16M")
     ard.add_argument("--json", default=None)
 
+    from .build_cli import add_build_subcommand
+    add_build_subcommand(sub)
+
     args = parser.parse_args(argv)
+    if args.command == "build":
+        return args.build_handler(args)
     if args.command == "demo":
         from .demo import run_demo
         return run_demo(args.pcap)
