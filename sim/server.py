@@ -1,12 +1,14 @@
 """The ``sim`` backend's simulation server: one Verilator process of the standard cluster
 serving the ranks of ``fpgaccl run --backend sim`` over a Unix socket.
 
-``python -m fpgaccl.sim.server --socket PATH [--world N] [--waves] [--loss N]`` builds (or
+``python -m fpgaccl.sim.server --socket PATH [--waves] [--loss N] [--json F]`` builds (or
 reuses) the standard cluster, runs the cocotb server bench
 (:mod:`fpgaccl.sim.benches.sim_server`) until every rank has connected and left, and
 prints the run summary on stderr. :class:`ServerProcess` is how the launcher and the
 tests start one. ``--waves`` uses a separate build with tracing (minutes the first time)
-and leaves the FST/VCD dump in the run folder it prints.
+and leaves a VCD dump (dump.vcd, ~8 KB per cycle for four nodes) in the run folder it
+prints. FST would take ``--trace-fst`` in the build arguments and the lz4 headers
+(liblz4-dev), absent here.
 """
 
 from __future__ import annotations
@@ -47,7 +49,8 @@ def build_cluster(waves: bool = False):
         return SimBuild(b["toplevel"], Path(b["build_dir"]), Path(b["verilog"])), b["params"]
     if not waves:
         return build_standard()
-    # The same configuration as build_standard(), compiled with tracing on.
+    # The same configuration as build_standard(), compiled with tracing on. cocotb's runner
+    # traces VCD (dump.vcd); FST (--trace-fst) needs lz4.h, which this machine lacks.
     from fpgaccl.sim.hdl.cluster import STANDARD, Cluster
     from fpgaccl.sim.hdl.memory import RAM_VERILOG
     from fpgaccl.sim.runner import FAST_BUILD_ARGS, build
