@@ -30,6 +30,8 @@ def main(argv: list[str] | None = None) -> int:
                      help="sim: each rank drives a node of the Verilator-simulated cluster")
     run.add_argument("--waves", action="store_true",
                      help="with --backend sim: dump waveforms (a separate traced build)")
+    run.add_argument("--sim-loss", type=float, default=0.0,
+                     help="with --backend sim: fraction of frames the simulated switch drops")
     run.add_argument("cmd", nargs="*", help=argparse.SUPPRESS)
 
     from .bench import add_arguments
@@ -55,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         from .launcher import run as launch
         return launch(args.nprocs, list(args.cmd) + rest, pcap=args.pcap, impair=args.impair,
                       deadline_s=args.deadline, timeout_s=args.timeout,
-                      backend=args.backend, waves=args.waves)
+                      backend=args.backend, waves=args.waves, sim_loss=args.sim_loss)
     if args.command == "bench":
         from .bench import main as bench_main
         return bench_main(args)

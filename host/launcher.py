@@ -43,13 +43,14 @@ def rank_env(rank: int, world: int, port: int, extra: dict[str, str] | None = No
 
 def run(nprocs: int, cmd: list[str], *, pcap: str | None = None, impair: str | None = None,
         deadline_s: float | None = None, timeout_s: float | None = None,
-        backend: str = "software", waves: bool = False) -> int:
+        backend: str = "software", waves: bool = False, sim_loss: float = 0.0) -> int:
     """Run ``cmd`` as ``nprocs`` ranks; the exit status is the first failing rank's.
 
     ``backend="sim"`` first starts the simulation server (:mod:`fpgaccl.sim.server`) and
     gives every rank its socket (FPGACCL_SIM_SOCKET) and FPGACCL_BACKEND=sim, so
     ``fpgaccl.init()`` connects each rank to node ``rank`` of the simulated cluster; the
-    server prints the run summary when the ranks are done.
+    server prints the run summary when the ranks are done. ``sim_loss`` is the fraction
+    of frames the simulated switch drops (its seeded ``loss`` register).
     """
     server = None
     if backend == "sim":
@@ -68,7 +69,7 @@ def run(nprocs: int, cmd: list[str], *, pcap: str | None = None, impair: str | N
         from fpgaccl.sim.server import ServerProcess
         print("fpgaccl run: starting the simulation server (the first run builds the "
               "cluster: minutes)", file=sys.stderr)
-        server = ServerProcess(waves=waves)
+        server = ServerProcess(waves=waves, loss=round(sim_loss * 65536))
         try:
             sock = server.wait_ready()
         except Exception as e:
