@@ -81,8 +81,9 @@ class Server:
                 client.reply({"error": "protocol", "detail": "hello first"})
                 return
             if self.gone:
-                client.reply({"error": "peer", "detail": f"rank(s) {sorted(self.gone)} left "
-                              f"the world before calling {h.get('name', kind)}"})
+                gone = ", ".join(map(str, sorted(self.gone)))
+                client.reply({"error": "peer", "detail": f"rank {gone} left the world before "
+                              f"calling {h.get('name', kind)}"})
                 return
             key = (kind, h["seq"])
             group = self.pending.setdefault(key, {})

@@ -7,6 +7,7 @@ calls raise typed errors naming the argument."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -79,14 +80,14 @@ def cluster():
     return build_standard()   # the build tests/sim/test_cluster.py shares
 
 
-def launch(tmp_path, backend, cluster):
-    out = tmp_path / backend
+def launch(tmp_path, backend, cluster, *options):
+    out = tmp_path / (backend + "".join(options))
     out.mkdir()
     script = tmp_path / "script.py"
     script.write_text(SCRIPT)
     proc = subprocess.run(
         [sys.executable, "-m", "fpgaccl.host.cli", "run", "-n", str(WORLD), "--backend",
-         backend, "--timeout", "300", "--", sys.executable, str(script), str(out)],
+         backend, *options, "--timeout", "300", "--", sys.executable, str(script), str(out)],
         capture_output=True, text=True, timeout=400, env={**os.environ, **build_env(*cluster)})
     assert proc.returncode == 0, f"{backend}:\n{proc.stdout}\n{proc.stderr}"
     return [dict(np.load(out / f"rank{r}.npz")) for r in range(WORLD)], proc
@@ -127,6 +128,15 @@ def test_same_script_on_sim_and_software(cluster, tmp_path):
     # The server's run summary.
     assert "fpgaccl sim: 4 of 4 nodes" in sim_proc.stderr
     assert "0 errors" in sim_proc.stderr
+    # 2% of frames dropped by the simulated switch: retransmitted, same bits.
+    lossy, lossy_proc = launch(tmp_path, "sim", cluster, "--sim-loss", "0.02")
+    print(lossy_proc.stderr)
+    dropped = re.search(r"switch dropped (\d+) frames, (\d+) retransmissions",
+                        lossy_proc.stderr)
+    assert dropped and int(dropped[1]) > 0 and int(dropped[2]) > 0, lossy_proc.stderr
+    for r in range(p):
+        for key, val in soft[r].items():
+            assert lossy[r][key].tobytes() == val.tobytes(), f"lossy rank {r}: {key} differs"
 
 
 def test_world_larger_than_the_cluster_is_a_typed_error():
