@@ -43,6 +43,8 @@ class StubEngine:
         self.arrivals_dirty = False
         self.failed: BaseException | None = None
         self.outbox: list[bytes] = []
+        # The socket address a real engine is bound to: its port enters the ICRC.
+        self.addr = (SW_IP, ROCEV2_UDP_PORT)
 
     def transmit(self, parts, addr) -> None:
         self.outbox.append(b"".join(bytes(p) for p in parts))
@@ -83,8 +85,7 @@ class SoftwareSide:
         qp = self.qp
         assert dqpn & 0xFFFFFF == qp.qpn, f"HDL sent to QPN {dqpn:#x}"
         psn, ackreq = w2 & wire.PSN_MASK, w2 >> 31
-        # The software engine assumes the peer's UDP source port is 4791 (it cannot see
-        # it through a socket) when it recomputes the ICRC.
+        # The HDL side sends from port 4791 here (see below), so the ICRC covers it.
         seed = wire.icrc_seed(qp.dst_ip, qp.src_ip, ROCEV2_UDP_PORT, ROCEV2_UDP_PORT, 8 + n)
         want = wire.datagram_icrc(seed, wire.bth_masked(opcode, (b1 >> 4) & 3, qp.qpn,
                                                         bool(ackreq), psn),
@@ -134,8 +135,8 @@ async def hdl_and_software_both_directions(dut, loss: float) -> None:
 
     # Link 0 (HDL -> node 1) now ends in the software side; link 1 feeds the HDL.
     tb.nodes[1].deliver = sw.receive
-    # The software engine recomputes the ICRC assuming UDP source port 4791 (it cannot
-    # see the port through its socket), so the HDL side must send from 4791 to it.
+    # Frames go through this bench, not a socket: both sides use port 4791, which the
+    # software queue pair's ICRC (local and peer port) and the HDL's must agree on.
     hdl.udp_sport = ROCEV2_UDP_PORT
     rng = random.Random(5)
 
