@@ -205,6 +205,23 @@ class Communicator:
         handle = Handle(job, result, keep, self.rank)
         return handle if async_op else handle.wait()
 
+    def _segments(self, program: list[Instr], *, m: int, blocks: int,
+                  dt: np.dtype) -> tuple[int, int, int]:
+        """Elements per segment, segment count and the first coll_id of a program run
+        over ``blocks`` blocks of ``m`` elements. Every backend cuts and numbers
+        segments here, so engines of different backends agree on the wire."""
+        nch = setup_chunks(program)
+        cap = self.stage_bytes // dt.itemsize
+        seg = (cap - (nch - 1)) // blocks
+        if seg < 1:
+            raise InvalidArgumentError("stage_bytes", f"{self.stage_bytes} bytes cannot hold "
+                                       f"{nch} chunks of {dt}")
+        nseg = -(-m // seg)
+        with self._lock:
+            c0 = self._coll
+            self._coll = (self._coll + nseg) & 0xFFFF
+        return seg, nseg, c0
+
     def _program(self, name: str, program: list[Instr], *, m: int, blocks: int,
                  dt: np.dtype, op: str | None, get_in: Any, put_out: Any, result: Any,
                  keep: list[UserBuffer], async_op: bool) -> Any:
@@ -216,16 +233,7 @@ class Communicator:
         """
         dtype = DType.from_numpy(dt)
         rop = ReduceOp.from_name(op) if op else ReduceOp.SUM
-        nch = setup_chunks(program)
-        cap = self.stage_bytes // dt.itemsize
-        seg = (cap - (nch - 1)) // blocks
-        if seg < 1:
-            raise InvalidArgumentError("stage_bytes", f"{self.stage_bytes} bytes cannot hold "
-                                       f"{nch} chunks of {dt}")
-        nseg = -(-m // seg)
-        with self._lock:
-            c0 = self._coll
-            self._coll = (self._coll + nseg) & 0xFFFF
+        seg, nseg, c0 = self._segments(program, m=m, blocks=blocks, dt=dt)
         engine, region, remotes, rank = self.engine, self.region, self.remotes, self.rank
 
         def job() -> alg.Program:

@@ -56,7 +56,6 @@ from fpgaccl.proto.regmap import default_map
 from .buffers import UserBuffer
 from .communicator import Communicator
 from .csr_plan import collective_writes
-from .executor import setup_chunks
 
 SOCKET_ENV = "FPGACCL_SIM_SOCKET"
 SIM_MAX_NODES = 4
@@ -254,16 +253,7 @@ class SimCommunicator(Communicator):
             raise UnsupportedError("count", f"{name}'s program for this size needs {words} "
                                    f"instruction words; the simulated engine holds "
                                    f"{self.imem_words}")
-        nch = setup_chunks(program)
-        cap = self.stage_bytes // dt.itemsize
-        seg = (cap - (nch - 1)) // blocks
-        if seg < 1:
-            raise InvalidArgumentError("stage_bytes", f"{self.stage_bytes} bytes cannot hold "
-                                       f"{nch} chunks of {dt}")
-        nseg = -(-m // seg)
-        with self._lock:
-            c0 = self._coll
-            self._coll = (self._coll + nseg) & 0xFFFF
+        seg, nseg, c0 = self._segments(program, m=m, blocks=blocks, dt=dt)
         self.last_cycles = 0
         for k in range(nseg):
             lo, hi = k * seg, min(m, (k + 1) * seg)
