@@ -124,7 +124,11 @@ def test_same_script_on_sim_and_software(cluster, tmp_path):
                                    rtol=1e-4, atol=1e-2)
         if r < 3:
             gone = (tmp_path / "sim" / f"gone{r}.txt").read_text()
-            assert "rank 3 left" in gone, gone
+            # Survivors exit after their own failure, so a slower one may also see them
+            # gone; rank 3 must always be among the ranks the error names.
+            named = re.search(r"rank ([\d, ]+) left the world", gone)
+            assert named, gone
+            assert 3 in {int(x) for x in named.group(1).split(",")}, gone
     # The server's run summary.
     assert "fpgaccl sim: 4 of 4 nodes" in sim_proc.stderr
     assert "0 errors" in sim_proc.stderr
