@@ -1,16 +1,23 @@
 """N nodes, their memories and a switch in one design: the multi-node simulation that
 runs at Verilator speed. The testbench reaches node ``k`` through one shared CSR bus
 and one memory backdoor, both steered by a select input; everything else (frames,
-memory traffic, reductions) stays in hardware."""
+memory traffic, reductions) stays in hardware.
+
+Any switch port can be handed to the outside at run time: bit ``k`` of ``external``
+connects switch port ``k`` to the top-level streams ``xrx{k}`` (frames into the switch)
+and ``xtx{k}`` (frames out of it) instead of node ``k``, which then sees no traffic. That
+is how :mod:`fpgaccl.sim.bridge` joins ranks outside the simulation to the simulated
+wire without a second build of the cluster."""
 
 from __future__ import annotations
 
-from amaranth.hdl import Module, Signal
+from amaranth.hdl import Module, Mux, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
 from fpgaccl.hw.csr.bus import CSRBusSignature
 from fpgaccl.hw.node import Node
+from fpgaccl.hw.stream.beat import beat_stream
 
 from .blackbox import BlackBox
 from .memory import RAM_VERILOG, SimMemory
@@ -28,7 +35,12 @@ class Cluster(wiring.Component):
         self.timeout, self.seed = timeout, seed
         self.blackbox = BlackBox(self.node(), "fpgaccl_node") if blackbox_nodes else None
         words = mem_bytes // (width // 8)
+        external = {"external": In(nodes)}
+        for k in range(nodes):
+            external[f"xrx{k}"] = In(beat_stream(width))
+            external[f"xtx{k}"] = Out(beat_stream(width))
         super().__init__({
+            **external,
             "sel": In(range(max(2, nodes))),
             "csr": In(CSRBusSignature(16)),
             "bd_addr": In(range(words)),
@@ -71,8 +83,16 @@ class Cluster(wiring.Component):
             wiring.connect(m, node.rd_req, mem.rd_req)
             wiring.connect(m, mem.rd_resp, node.rd_resp)
             wiring.connect(m, node.wr, mem.wr)
-            wiring.connect(m, node.tx, getattr(sw, f"i{k}"))
-            wiring.connect(m, getattr(sw, f"o{k}"), node.rx)
+            swi, swo = getattr(sw, f"i{k}"), getattr(sw, f"o{k}")
+            xrx, xtx, ext = getattr(self, f"xrx{k}"), getattr(self, f"xtx{k}"), self.external[k]
+            m.d.comb += [
+                swi.payload.eq(Mux(ext, xrx.payload.as_value(), node.tx.payload.as_value())),
+                swi.valid.eq(Mux(ext, xrx.valid, node.tx.valid)),
+                xrx.ready.eq(ext & swi.ready), node.tx.ready.eq(~ext & swi.ready),
+                node.rx.payload.eq(swo.payload), xtx.payload.eq(swo.payload),
+                node.rx.valid.eq(~ext & swo.valid), xtx.valid.eq(ext & swo.valid),
+                swo.ready.eq(Mux(ext, xtx.ready, node.rx.ready)),
+            ]
             here = self.sel == k
             m.d.comb += [
                 node.csr.addr.eq(self.csr.addr), node.csr.w_data.eq(self.csr.w_data),
