@@ -6,9 +6,9 @@
                                           arbiter per space ──────────┴── host, gpu
 
 * Register map: :func:`fpgaccl.proto.regmap.default_map` with this build's parameters,
-  served by two banks behind the one bus, routed by address. The node's own bank also
-  holds flops for the DMA blocks (``Node`` builds its bank from the whole map and has no
-  port for them); it is never written or read here, so they stay at reset.
+  served by two banks behind the one bus, routed by address: the node's bank (the map
+  without the DMA blocks; the node is built with ``dma=True`` so ``ctrl.features.dma``
+  says they are here) and the DMA bank.
 * Addresses on the node's memory port name their space with bit 63
   (:data:`fpgaccl.proto.queues.NODE_SPACE_BIT`): the node's datapath reaches host memory
   and the GPU-peer window through the same host windows and page table as the queue
@@ -40,9 +40,8 @@ from fpgaccl.hw.dma.engine import DmaEngine
 from fpgaccl.hw.dma.layouts import Status
 from fpgaccl.hw.node import Node
 from fpgaccl.hw.stream.beat import beat_stream
-from fpgaccl.proto.regmap import RegisterMap, default_map
+from fpgaccl.proto.regmap import DMA_BLOCKS, RegisterMap, default_map
 
-DMA_BLOCKS = ("dma", "dma_host", "dma_gpt")
 START_WINDOW = 8   # cycles from the doorbell write to the sequencer's busy (it takes 2)
 
 
@@ -50,10 +49,11 @@ class DmaNode(wiring.Component):
     def __init__(self, width: int = 64, *, qps: int = 8, regions: int = 8,
                  imem_words: int = 512, mtu: int = 4096, seg_bytes: int = 4096,
                  timeout: int = 1 << 14, host_windows: int = 4, gpu_pages: int = 256,
-                 outstanding: int = 16) -> None:
+                 outstanding: int = 16, dtypes=None, ops=None) -> None:
         self.width = width
         self.node = Node(width, qps=qps, regions=regions, imem_words=imem_words, mtu=mtu,
-                         seg_bytes=seg_bytes, timeout=timeout)
+                         seg_bytes=seg_bytes, timeout=timeout, dtypes=dtypes, ops=ops,
+                         dma=True)
         self.regmap = default_map(qps=qps, regions=regions, imem_words=imem_words,
                                   dma_host_windows=host_windows, gpu_pages=gpu_pages)
         self.dma_map = RegisterMap(tuple(self.regmap[b] for b in DMA_BLOCKS))

@@ -10,9 +10,17 @@
 The memory port is the simple in-order request/answer pair of
 :mod:`fpgaccl.hw.datapath.memport`; :mod:`fpgaccl.hw.dma` puts the bus, address spaces
 and GPU-peer window behind it. Every register comes from :mod:`fpgaccl.proto.regmap`.
+
+The node's bank holds the map without the DMA blocks (no flops for registers nothing
+reads); :class:`fpgaccl.hw.dma_node.DmaNode` serves those from a bank of its own and
+builds its node with ``dma=True``, which only sets ``ctrl.features.dma``. ``dtypes`` /
+``ops`` restrict the reduction unit to a subset (board builds); ``ctrl.features`` and
+``ctrl.config`` tell the host what was built.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 from amaranth.hdl import Cat, Module, Signal
 from amaranth.lib import stream, wiring
@@ -30,7 +38,14 @@ from fpgaccl.hw.stream.beat import beat_stream
 from fpgaccl.hw.transport.transport import Transport
 from fpgaccl.proto.drops import DROP_COUNTER_BITS, DropReason
 from fpgaccl.proto.opcodes import ROCEV2_UDP_PORT
-from fpgaccl.proto.regmap import ENGINE_ID, REGMAP_VERSION, default_map
+from fpgaccl.proto.reduce import DType, ReduceOp
+from fpgaccl.proto.regmap import (
+    ENGINE_ID,
+    REGMAP_VERSION,
+    config_word,
+    default_map,
+    features_word,
+)
 
 BUFS = ("in", "out", "tmp", "tmp2")
 
@@ -38,11 +53,14 @@ BUFS = ("in", "out", "tmp", "tmp2")
 class Node(wiring.Component):
     def __init__(self, width: int = 64, *, qps: int = 8, regions: int = 8,
                  imem_words: int = 512, mtu: int = 4096, seg_bytes: int = 4096,
-                 timeout: int = 1 << 14) -> None:
+                 timeout: int = 1 << 14, dtypes=None, ops=None, dma: bool = False) -> None:
         self.width, self.qps, self.regions = width, qps, regions
         self.imem_words, self.mtu, self.seg_bytes, self.timeout = (
             imem_words, mtu, seg_bytes, timeout)
-        self.regmap = default_map(qps=qps, regions=regions, imem_words=imem_words)
+        self.dtypes = tuple(DType) if dtypes is None else tuple(dtypes)
+        self.ops = tuple(ReduceOp) if ops is None else tuple(ops)
+        self.dma = dma
+        self.regmap = default_map(qps=qps, regions=regions, imem_words=imem_words, dma=False)
         super().__init__({
             "rx": In(beat_stream(width)),
             "tx": Out(beat_stream(width)),
@@ -65,7 +83,8 @@ class Node(wiring.Component):
         m.submodules.seq = seq = Sequencer(imem_words=self.imem_words, peers=self.qps)
         m.submodules.router = router = Router(self.qps)
         m.submodules.copy = copy = CopyEngine(w, self.seg_bytes)
-        m.submodules.reduce = red = ReduceEngine(w, self.seg_bytes)
+        m.submodules.reduce = red = ReduceEngine(w, self.seg_bytes, dtypes=self.dtypes,
+                                                 ops=self.ops)
         m.submodules.rmux = rmux = ReadMux(w, 3)
         m.submodules.wmux = wmux = WriteMux(w, 3)
 
@@ -118,6 +137,13 @@ class Node(wiring.Component):
             bank.ctrl_sts.version.value.eq(REGMAP_VERSION),
             bank.ctrl_sts.status.busy.eq(seq.busy),
             bank.ctrl_sts.status.error.eq(seq.error | router.error),
+            bank.ctrl_sts.status.cause.eq(seq.error_code),
+            bank.ctrl_sts.status.datapath.eq(router.error),
+            bank.ctrl_sts.features.as_value().eq(
+                features_word(dma=self.dma, dtypes=self.dtypes, ops=self.ops)),
+            bank.ctrl_sts.config.as_value().eq(
+                config_word(qps=self.qps, regions=self.regions, imem_words=self.imem_words,
+                            width=self.width)),
             self.done.eq(seq.done), self.busy.eq(seq.busy),
         ]
         for i, b in enumerate(BUFS):
@@ -176,3 +202,42 @@ class Node(wiring.Component):
         wiring.connect(m, wiring.flipped(self.rd_resp), rmux.resp)
         wiring.connect(m, wmux.wr, wiring.flipped(self.wr))
         return m
+
+
+LINT_WAIVERS = Path(__file__).resolve().parent / "lint" / "verilator.vlt"
+
+
+def export_verilog(width: int = 64, *, name: str = "fpgaccl_node", **params) -> str:
+    """The whole node as Verilog: module ``name`` and its submodules (``name.bank``, ...)
+    in one text, as Amaranth exports it through yosys; for vendor flows and for
+    Verilator lint (``python -m fpgaccl.hw.node``). ``params`` are :class:`Node`'s."""
+    from amaranth.back import verilog
+    return verilog.convert(Node(width, **params), name=name, emit_src=False)
+
+
+def lint_command(path: Path, *, top: str = "fpgaccl_node") -> list[str]:
+    """``verilator --lint-only -Wall`` of an export at ``path`` (a file named
+    ``fpgaccl_node*.v``: the waivers in :data:`LINT_WAIVERS` are scoped to that name)."""
+    return ["verilator", "--lint-only", "-Wall", "--top-module", top, str(LINT_WAIVERS),
+            str(path)]
+
+
+def _main(argv: list[str] | None = None) -> int:
+    import argparse
+    import subprocess
+    ap = argparse.ArgumentParser(description="Export the node as Verilog (and lint it)")
+    ap.add_argument("--width", type=int, default=64)
+    ap.add_argument("--qps", type=int, default=8)
+    ap.add_argument("-o", "--output", type=Path, default=Path("fpgaccl_node.v"))
+    ap.add_argument("--lint", action="store_true",
+                    help="run Verilator --lint-only -Wall with the project's waivers")
+    args = ap.parse_args(argv)
+    args.output.write_text(export_verilog(args.width, qps=args.qps))
+    if not args.lint:
+        return 0
+    from fpgaccl.sim.toolchain import verilator_env
+    return subprocess.run(lint_command(args.output), env=verilator_env()).returncode
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main())

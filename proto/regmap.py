@@ -14,10 +14,11 @@ from enum import Enum
 from itertools import pairwise
 
 from .drops import DropReason
+from .reduce import DType, ReduceOp
 
 REG_BYTES = 4
 ENGINE_ID = 0x4643_434C  # "FCCL"
-REGMAP_VERSION = 1
+REGMAP_VERSION = 2  # 2: ctrl.features, ctrl.config, status.cause/datapath
 
 
 class Access(Enum):
@@ -149,11 +150,40 @@ DMA_MAX_OUTSTANDING = 16
 GPU_PAGE_BITS = 16  # GPUDirect RDMA pins GPU memory in 64 KiB pages
 
 
+DMA_BLOCKS = ("dma", "dma_host", "dma_gpt")
+
+
 def default_map(*, qps: int = 8, regions: int = 8, imem_words: int = 256,
-                dma_host_windows: int = 4, gpu_pages: int = 256) -> RegisterMap:
+                dma_host_windows: int = 4, gpu_pages: int = 256,
+                dma: bool = True) -> RegisterMap:
     """The register map of a node with ``qps`` queue pairs, ``regions`` memory
     regions, ``dma_host_windows`` host DMA windows and a GPU-peer page table of
-    ``gpu_pages`` entries; the parameters match the build's."""
+    ``gpu_pages`` entries; the parameters match the build's. ``dma=False`` leaves out
+    the :data:`DMA_BLOCKS` (a build without the DMA engine); every other address is the
+    same either way, and ``ctrl.features.dma`` tells the host which map it faces."""
+    full = _full_map(qps, regions, imem_words, dma_host_windows, gpu_pages)
+    if dma:
+        return full
+    return RegisterMap(tuple(b for b in full if b.name not in DMA_BLOCKS))
+
+
+def features_word(*, dma: bool, dtypes, ops) -> int:
+    """``ctrl.features`` of a build with (or without) DMA reducing ``dtypes`` x ``ops``."""
+    return _CTRL_FEATURES.encode(dma=int(dma), dtypes=sum(1 << int(d) for d in set(dtypes)),
+                                 ops=sum(1 << int(o) for o in set(ops)))
+
+
+def config_word(*, qps: int, regions: int, imem_words: int, width: int) -> int:
+    """``ctrl.config`` of a build with these parameters."""
+    if imem_words & (imem_words - 1) or width % 8 or (width // 8) & (width // 8 - 1):
+        raise ValueError("imem_words and the beat's bytes must be powers of two")
+    return _CTRL_CONFIG.encode(qps=qps, regions=regions,
+                               imem_log2=imem_words.bit_length() - 1,
+                               beat_log2=(width // 8).bit_length() - 1)
+
+
+def _full_map(qps: int, regions: int, imem_words: int, dma_host_windows: int,
+              gpu_pages: int) -> RegisterMap:
     RO, RW, WO, RC = Access.RO, Access.RW, Access.WO, Access.RC
     return RegisterMap((
         Block("ctrl", 0x0000, (
@@ -167,6 +197,11 @@ def default_map(*, qps: int = 8, regions: int = 8, imem_words: int = 256,
             Register("status", 0x0C, RO, "engine status", (
                 RegField("busy", 1, "a program is running"),
                 RegField("error", 1, "the last program ended in error"),
+                RegField("cause", 4, "why the sequencer stopped the last program: 0 it did "
+                         "not, 1 bad opcode, 2 bad setup, 3 chunk out of range, 4 peer out "
+                         "of range, 5 ran off the end of program memory"),
+                RegField("datapath", 1, "the router refused a command or a transfer "
+                         "completed in error (sticky until reset)"),
             )),
             Register("doorbell", 0x10, WO, "start program at this entry point; the host or a "
                      "GPU kernel (through the peer window) writes it", (
@@ -179,6 +214,19 @@ def default_map(*, qps: int = 8, regions: int = 8, imem_words: int = 256,
             )),
             Register("scratch", 0x18, RW, "free for software: bus read-back tests"),
             Register("completions", 0x1C, RC, "programs completed since last cleared"),
+            Register("features", 0x20, RO, "what this build implements; blocks it leaves "
+                     "out are absent from its register map and read as zero", (
+                         RegField("dma", 1, "the dma, dma_host and dma_gpt blocks (queues, "
+                                  "windows, GPU page table) are served"),
+                         RegField("dtypes", len(DType), "bit d: DType d is reduced"),
+                         RegField("ops", len(ReduceOp), "bit o: ReduceOp o is reduced"),
+                     )),
+            Register("config", 0x24, RO, "build parameters the host must match", (
+                RegField("qps", 8, "queue pairs (= peers; copies of qp and peer)"),
+                RegField("regions", 8, "memory regions (copies of mr)"),
+                RegField("imem_log2", 5, "program memory holds 2**imem_log2 words"),
+                RegField("beat_log2", 4, "datapath beat is 2**beat_log2 bytes"),
+            )),
         ), "identification, control and the doorbell"),
         Block("drops", 0x0100, tuple(
             Register(reason.name.lower(), 4 * reason.value, RC,
@@ -309,3 +357,5 @@ def _dma_registers() -> tuple[Register, ...]:
 
 
 REGMAP = default_map()
+_CTRL_FEATURES = REGMAP["ctrl"]["features"]
+_CTRL_CONFIG = REGMAP["ctrl"]["config"]

