@@ -5,9 +5,11 @@ bench/results/boards_fmax.json.
 
     .venv/bin/python bench/boards_fmax.py [--board ecpix5-85] [--width 64] [--qps 8]
 
-What is built is the interim EngineCore (see fpgaccl.boards.top): CSR bank, sequencer
-and reduction datapath, not parser/transport/DMA. The numbers are nextpnr's post-route
-estimates for the board's speed grade.
+What is built on the ECP5 boards is the full fpgaccl.hw.node.Node (parser, builder,
+transport, sequencer, router, copy/reduce engines, CSR bank) with its reduction unit
+built for the config's dtypes x ops, its memory port on block RAM; on the iCE40 the
+reduced EngineCore (see fpgaccl.boards.top). The numbers are nextpnr's post-route
+timing for the board's speed grade.
 """
 
 from __future__ import annotations

