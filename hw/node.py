@@ -54,6 +54,11 @@ class Node(wiring.Component):
     def __init__(self, width: int = 64, *, qps: int = 8, regions: int = 8,
                  imem_words: int = 512, mtu: int = 4096, seg_bytes: int = 4096,
                  timeout: int = 1 << 14, dtypes=None, ops=None, dma: bool = False) -> None:
+        if qps < 2:
+            # The bank gives a block with one copy a plain struct, not an array, and the
+            # node indexes the QP contexts by the transmitting QP's number. (One region
+            # is fine: nothing indexes the region block by a signal.)
+            raise ValueError(f"qps: a node needs at least 2 queue pairs, not {qps}")
         self.width, self.qps, self.regions = width, qps, regions
         self.imem_words, self.mtu, self.seg_bytes, self.timeout = (
             imem_words, mtu, seg_bytes, timeout)

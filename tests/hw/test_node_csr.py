@@ -5,6 +5,11 @@ DMA blocks it does not implement read as zero, and why the sequencer stopped
 
 from __future__ import annotations
 
+import gc
+import warnings
+
+import pytest
+from amaranth.hdl import UnusedElaboratable
 from amaranth.sim import Simulator
 
 from fpgaccl.hw.node import Node
@@ -59,3 +64,14 @@ def test_features_config_and_absent_dma_blocks():
         "busy": 0, "error": 1, "cause": 5, "datapath": 0}   # 5: RUNAWAY
     # The plain node has no DMA engine: those addresses are not in its bank.
     assert seen["dma.control"] == 0 and seen["dma_host.length"] == 0
+
+
+def test_one_queue_pair_is_refused_by_name():
+    # The refused Node was constructed (Elaboratable.__new__ ran), so Amaranth warns when
+    # it is collected; collect it here, inside the filter.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UnusedElaboratable)
+        with pytest.raises(ValueError, match="qps") as excinfo:
+            Node(64, qps=1)
+        del excinfo
+        gc.collect()
