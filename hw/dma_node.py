@@ -231,4 +231,11 @@ class DmaNode(wiring.Component):
         return m
 
 
-__all__ = ["DMA_BLOCKS", "DmaNode"]
+def export_verilog(width: int = 64, *, name: str = "fpgaccl_dma_node", **params) -> str:
+    """The node with its DMA engine as one Verilog text (module ``name`` and its
+    submodules); lint it with :func:`fpgaccl.hw.node.lint_command`."""
+    from amaranth.back import verilog
+    return verilog.convert(DmaNode(width, **params), name=name, emit_src=False)
+
+
+__all__ = ["DMA_BLOCKS", "DmaNode", "export_verilog"]

@@ -222,7 +222,8 @@ def export_verilog(width: int = 64, *, name: str = "fpgaccl_node", **params) -> 
 
 def lint_command(path: Path, *, top: str = "fpgaccl_node") -> list[str]:
     """``verilator --lint-only -Wall`` of an export at ``path`` (a file named
-    ``fpgaccl_node*.v``: the waivers in :data:`LINT_WAIVERS` are scoped to that name)."""
+    ``fpgaccl_*node*.v``, e.g. ``fpgaccl_node.v`` or ``fpgaccl_dma_node.v``: the waivers
+    in :data:`LINT_WAIVERS` are scoped to that name); ``top`` is the exported module."""
     return ["verilator", "--lint-only", "-Wall", "--top-module", top, str(LINT_WAIVERS),
             str(path)]
 
