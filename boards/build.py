@@ -118,6 +118,13 @@ def make_plan(board: Board, config: NodeConfig, core_factory: CoreFactory | None
     return board.platform().build(top, name="top", do_build=False, emit_src=False, **opts)
 
 
+def cache_key(plan, versions: dict[str, str]) -> str:
+    """The bitstream cache key: the build plan's digest (every generated file) and the
+    versions of the tools that run it; a new yosys or nextpnr is a new build."""
+    return hashlib.blake2b(plan.digest() + json.dumps(versions, sort_keys=True).encode(),
+                           digest_size=8).hexdigest()
+
+
 @dataclass
 class BuildResult:
     board: str
@@ -153,8 +160,7 @@ def build(board_name: str, config: NodeConfig | None = None, *, root: Path = DEF
     config = config or board.config
     versions = tool_versions(board) if board.open_flow else {}
     plan = make_plan(board, config, core_factory)
-    key = hashlib.blake2b(plan.digest() + json.dumps(versions, sort_keys=True).encode(),
-                          digest_size=8).hexdigest()
+    key = cache_key(plan, versions)
     folder = Path(root) / f"{board.name}-{key}"
     done = folder / "done.json"
 

