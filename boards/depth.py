@@ -11,6 +11,7 @@ delays), not timing sign-off: nextpnr's report is the number of record.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,6 +50,23 @@ class Path_:
     @property
     def mhz(self) -> float:
         return 1000.0 / self.ns
+
+
+# yosys names a techmapped net after the design signal it came from plus a trail of the
+# cells and ports it went through (``crc_TRELLIS_FF_Q_4_DI_PFUMX_C0_Z...``).
+_TECHMAP_TAIL = re.compile(r"_(TRELLIS_|LUT4_|CCU2C_|PFUMX_|L6MUX21_|MULT18X18D_|DP16KD_).*")
+
+
+def _design_names(chain: list[str]) -> list[str]:
+    """The design signals a path runs through, in order, each once."""
+    out: list[str] = []
+    for n in chain:
+        if "$" in n:
+            continue
+        n = _TECHMAP_TAIL.sub("", n)
+        if not out or out[-1] != n:
+            out.append(n)
+    return out
 
 
 def block_of(name: str, depth: int = 3) -> str:
@@ -144,8 +162,7 @@ def analyse(top_json: Path, *, block_depth: int = 3) -> list[Path_]:
                 chain.append(names.get(x, str(x)))
                 x = came.get(x)
             chain.reverse()
-            worst[blk] = Path_(ns, level[b], blk, f"{cn}.{p}", chain[0],
-                               [n for n in chain if "$" not in n])
+            worst[blk] = Path_(ns, level[b], blk, f"{cn}.{p}", chain[0], _design_names(chain))
     return sorted(worst.values(), key=lambda p: -p.ns)
 
 

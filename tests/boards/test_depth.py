@@ -7,7 +7,15 @@ import json
 
 import pytest
 
-from fpgaccl.boards.depth import CLOCK_TO_OUT, NET_NS, SETUP_NS, analyse, block_of, table
+from fpgaccl.boards.depth import (
+    CLOCK_TO_OUT,
+    NET_NS,
+    SETUP_NS,
+    _design_names,
+    analyse,
+    block_of,
+    table,
+)
 
 FF_PORTS = {"CLK": "input", "LSR": "input", "CE": "input", "DI": "input", "Q": "output"}
 LUT_PORTS = {"A": "input", "B": "input", "C": "input", "D": "input", "Z": "output"}
@@ -62,6 +70,8 @@ def test_register_to_register_paths_per_block(tmp_path):
     assert flat.ns == pytest.approx(ff_q + 2 * NET_NS + 0.35 + SETUP_NS)
     assert (deep.levels, flat.levels) == (2, 1)
     assert deep.start == "core.deep.src" and deep.via == ["core.deep.src", "core.deep.mid"]
+    assert _design_names(["a.crc_TRELLIS_FF_Q_4_DI_PFUMX_C0_Z", "a.crc_TRELLIS_FF_Q_1_DI",
+                          "$abc$1", "a.flen", "a.x_LUT4_Z"]) == ["a.crc", "a.flen", "a.x"]
     assert deep.endpoint == "core.deep.dst_TRELLIS_FF_Q.DI"
     assert deep.mhz == pytest.approx(1000 / deep.ns)
     assert "core.deep" in table(paths).splitlines()[1]
