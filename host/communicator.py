@@ -118,13 +118,18 @@ class Communicator:
     """``world_size`` ranks joined by one RC queue pair per peer.
 
     ``backend="sim"`` gives a :class:`fpgaccl.host.sim_backend.SimCommunicator`: the same
-    API and programs, run by a node of the Verilator-simulated cluster."""
+    API and programs, run by a node of the Verilator-simulated cluster. ``backend="board"``
+    gives a :class:`fpgaccl.host.board_backend.BoardCommunicator`: the runtime drives a
+    DMA-capable engine through its registers, submission and completion queues."""
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Communicator:
         backend = kwargs.get("backend", args[2] if len(args) > 2 else "software")
         if cls is Communicator and backend == "sim":
             from .sim_backend import SimCommunicator
             cls = SimCommunicator
+        elif cls is Communicator and backend == "board":
+            from .board_backend import BoardCommunicator
+            cls = BoardCommunicator
         return super().__new__(cls)
 
     def __init__(self, rank: int, world_size: int, backend: str = "software", *,
@@ -137,7 +142,7 @@ class Communicator:
         if backend != "software":
             raise BackendUnavailableError(
                 f"backend {backend!r} is not available from the host runtime yet; "
-                "use backend='software' or 'sim'")
+                "use backend='software', 'sim' or 'board'")
         if not isinstance(world_size, int) or world_size < 1:
             raise InvalidArgumentError("world_size", f"{world_size!r} must be a positive int")
         if not isinstance(rank, int) or not 0 <= rank < world_size:

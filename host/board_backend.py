@@ -1,0 +1,185 @@
+"""The ``board`` backend: each rank drives its own DMA-capable engine the way a driver
+drives a PCIe card -- registers through the BAR, work through the submission queue,
+completions from the completion queue, data in pinned host memory or in GPU memory
+behind the GPU-peer window.
+
+``Communicator(rank, world, backend="board")`` finds its device (:mod:`.board_device`:
+on this machine the simulated board of :mod:`fpgaccl.sim.board`, named by
+``FPGACCL_BOARD=sim:PATH``), exchanges addresses, PSNs and keys with the other ranks at
+rendezvous (MASTER_ADDR/MASTER_PORT, as the software backend), connects its queue pairs
+and sets up the queues. A collective then is, per segment: IN stored into the engine's
+buffer, the program and context written (:func:`~.csr_plan.collective_writes`), one
+``WORK`` entry posted, the doorbell, the completion reaped and checked, OUT read back.
+The engine itself fetches the entry, runs the program and writes the completion.
+
+``memory="gpu"`` puts the engine's IN/OUT/TMP/TMP2 in GPU memory: the runtime pins
+the pages and installs them in the window's page table, and every byte the engine moves
+goes through its GPU port. (The simulated board's GPU memory is a model inside the
+simulator, so the user's buffer is copied into it; on a GPU machine the pinned user
+buffer itself is the target.)
+
+Argument checks, programs, segmenting and ``coll_id`` numbering are the sim backend's
+(:class:`~.sim_backend.SimCommunicator`), so results are bit-identical to the software
+and sim backends; its limits apply (library programs only, the program must fit the
+engine's instruction memory; the simulated board has two engines).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import threading
+from typing import Any
+
+import numpy as np
+
+from fpgaccl.errors import InvalidArgumentError, UnsupportedError
+from fpgaccl.proto.queues import Opcode, Space, node_addr, work_imm
+from fpgaccl.proto.regmap import default_map
+
+from .board_device import SimDevice
+from .csr_plan import Peer, connect_writes
+from .driver import QueueDriver, check_completion
+from .rendezvous import exchange
+from .sim_backend import SimCommunicator, SimHandle, _Region
+
+RING_BASE = 0x0800_0000
+"""Pinned host memory of the SQ and CQ (a DMA window of their own)."""
+DATA_BASE = 0x1000_0000
+"""Pinned host memory of IN, OUT, TMP, TMP2 (``memory="host"``)."""
+BOARD_STAGE_BYTES = 64 * 1024
+"""Each of the four buffers; the segment size."""
+
+
+class BoardCommunicator(SimCommunicator):
+    """A :class:`Communicator` whose engine is a (real or simulated) board."""
+
+    def __init__(self, rank: int, world_size: int, backend: str = "board", *,
+                 device: Any = None, memory: str = "host", deadline_s: float = 600.0,
+                 stage_bytes: int = BOARD_STAGE_BYTES, master_addr: str | None = None,
+                 master_port: int | None = None, rendezvous_timeout_s: float = 600.0,
+                 pcap: Any = None, impair: Any = None, **_software_only: Any) -> None:
+        if not isinstance(world_size, int) or world_size < 1:
+            raise InvalidArgumentError("world_size", f"{world_size!r} must be a positive int")
+        if not isinstance(rank, int) or not 0 <= rank < world_size:
+            raise InvalidArgumentError("rank", f"{rank!r} is outside 0..{world_size - 1}")
+        if deadline_s <= 0:
+            raise InvalidArgumentError("deadline_s", "must be positive")
+        if memory not in ("host", "gpu"):
+            raise InvalidArgumentError("memory", f"{memory!r} is not 'host' or 'gpu'")
+        if pcap or impair:
+            raise UnsupportedError("pcap" if pcap else "impair",
+                                   "the board's wire is its own; capture it on the link")
+        if stage_bytes < 4096 or stage_bytes % 4096:
+            raise InvalidArgumentError("stage_bytes", f"{stage_bytes} is not a positive "
+                                       "multiple of 4096")
+        dev = device if device is not None else SimDevice.from_env(rank)
+        nodes = int(dev.info["nodes"])
+        if world_size > nodes:
+            raise UnsupportedError("world_size", f"{world_size} ranks; the board has {nodes} "
+                                   "engines")
+        self.rank, self.world_size, self.backend = rank, world_size, "board"
+        self.deadline_s = deadline_s
+        self.link = None
+        self._closed = False
+        self._lock = threading.Lock()
+        self._coll = 0
+        self._seq = 0
+        self.last_cycles = 0
+        self.total_cycles = 0
+        self.dev = dev
+        self.memory = memory
+        info = dev.info
+        self.nodes = nodes
+        self.clock_mhz = 1000 / info.get("clock_ns", 4)
+        self.imem_words = int(info["imem_words"])
+        self.rmap = default_map(qps=int(info["qps"]), regions=int(info["regions"]),
+                                imem_words=self.imem_words, gpu_pages=int(info["gpu_pages"]))
+        self.stage_bytes = stage_bytes
+        self.region = _Region(stage_bytes)
+        span = stage_bytes + 4096        # room for the programs' chunk padding
+        if memory == "gpu":
+            base = dev.gpu_alloc(4 * span)
+            self._space = Space.GPU
+        else:
+            base = DATA_BASE
+            self._space = Space.HOST
+        self._local = [base + i * span for i in range(4)]
+        self.buffers = [node_addr(self._space, a) for a in self._local]
+        self.driver = QueueDriver(dev, self.rmap, ring_base=RING_BASE)
+        self.driver.setup(host_windows=[(RING_BASE, 0x2_0000, True, True)] + (
+            [(DATA_BASE, 4 * span, True, True)] if memory == "host" else []))
+        if memory == "gpu":
+            self.driver.register_gpu(base, 4 * span)
+
+        rng = np.random.default_rng()
+        key = int(rng.integers(1, 1 << 32))
+        psns = {str(p): int(rng.integers(0, 1 << 24)) for p in range(world_size)}
+        me = {"mac": int(info["mac"]), "ip": int(info["ip"]), "key": key,
+              "buffers": self.buffers, "psn": psns}
+        master_addr = master_addr or os.environ.get("MASTER_ADDR", "127.0.0.1")
+        master_port = int(master_port or os.environ.get("MASTER_PORT", 29500))
+        table = exchange(rank, world_size, (socket.gethostbyname(master_addr), master_port),
+                         me, rendezvous_timeout_s)
+        peers = [Peer(t["mac"], t["ip"], t["key"], t["buffers"]) for t in table]
+        mtu_log2 = int(info["mtu"]).bit_length() - 1
+        dev.csr_write(connect_writes(
+            self.rmap, rank, peers, psn=lambda a, b: table[a]["psn"][str(b)],
+            mem_base=self.buffers[0], mem_len=4 * span, mtu_log2=mtu_log2))
+
+    # The sim backend ships each segment to its server; here the runtime runs it itself.
+    def _call(self, header: dict, payload: bytes, name: str, timeout: float
+              ) -> tuple[dict, bytes]:
+        if self._closed:
+            raise InvalidArgumentError("comm", "communicator is closed")
+        if header["op"] != "collective":
+            raise UnsupportedError("op", f"{header['op']} is not a board operation")
+        dev, drv = self.dev, self.driver
+        self._store(self._local[0], payload)
+        dev.csr_write([tuple(w) for w in header["writes"]])
+        start = dev.cycle()
+        wr_id = drv.post(Opcode.WORK, imm=work_imm(0, int(header["coll_id"])))
+        drv.doorbell()
+        cqe = drv.reap(1, timeout_s=timeout, name=name, rank=self.rank)[0]
+        check_completion(cqe, wr_id=wr_id, name=name, rank=self.rank)
+        cycles = dev.cycle() - start
+        return {"cycles": cycles}, self._load(self._local[1], int(header["out_bytes"]))
+
+    def _store(self, addr: int, data: bytes) -> None:
+        if self._space == Space.GPU:
+            self.dev.gpu_write(addr, data)
+        else:
+            self.dev.host_write(addr, data)
+
+    def _load(self, addr: int, n: int) -> bytes:
+        if self._space == Space.GPU:
+            return self.dev.gpu_read(addr, n)
+        return self.dev.host_read(addr, n)
+
+    def barrier(self, *, async_op: bool = False) -> Any:
+        """A one-element allreduce: returns once every rank has entered."""
+        self._check_open()
+        self.allreduce(np.zeros(1, np.int32), np.empty(1, np.int32))
+        return SimHandle(None) if async_op else None
+
+    def sim_stats(self) -> dict[str, Any]:
+        return {"cycles": self.dev.cycle(), "completed": self.driver.next_id - 1}
+
+    def drop_counters(self) -> dict[str, int]:
+        return {reg.name: self.dev.csr_read(self.rmap.address(f"drops.{reg.name}"))
+                for reg in self.rmap["drops"].registers}
+
+    def stats(self) -> dict[str, int]:
+        return {"cycles": self.dev.cycle(), "last_cycles": self.last_cycles,
+                "total_cycles": self.total_cycles}
+
+    def close(self, *, linger_s: float | None = None) -> None:
+        if self._closed:
+            return
+        if self.world_size > 1:
+            # Leaving anyway: a peer that is gone makes the others time out cleanly.
+            with contextlib.suppress(Exception):
+                self.barrier()
+        self._closed = True
+        self.dev.close()
