@@ -109,3 +109,33 @@ def test_no_board_is_a_typed_error(monkeypatch):
     monkeypatch.delenv("FPGACCL_BOARD", raising=False)
     with pytest.raises(BackendUnavailableError, match="FPGACCL_BOARD"):
         Communicator(0, 1, "board")
+
+
+@pytest.mark.slow
+def test_driver_unmapped_copy_is_an_error_completion_and_moves_nothing(board):
+    from fpgaccl.errors import TransportError
+    from fpgaccl.host.driver import check_completion
+    from fpgaccl.proto.queues import Opcode, Space, Status
+
+    with Communicator(0, 1, "board", device=SimDevice(board, 0), master_port=_free_port(),
+                      deadline_s=60) as comm:
+        drv, dev = comm.driver, comm.dev
+        src, dst = comm._local[2], comm._local[3]          # TMP, TMP2: inside the window
+        dev.host_write(src, bytes(range(256)))
+        dev.host_write(dst, bytes(256))
+        outside = 0x7000_0000                              # no host window maps it
+        bad = drv.post(Opcode.COPY, src_space=Space.HOST, dst_space=Space.HOST,
+                       src_addr=outside, dst_addr=dst, len=256)
+        drv.doorbell()
+        (cqe,) = drv.reap(1, timeout_s=60, name="copy", rank=0)
+        assert cqe["wr_id"] == bad and Status(cqe["status"]) is Status.UNMAPPED
+        with pytest.raises(TransportError, match="UNMAPPED"):
+            check_completion(cqe, wr_id=bad, name="copy", rank=0)
+        assert dev.host_read(dst, 256) == bytes(256)
+        # The queue goes on after an error completion.
+        good = drv.post(Opcode.COPY, src_space=Space.HOST, dst_space=Space.HOST,
+                        src_addr=src, dst_addr=dst, len=256)
+        drv.doorbell()
+        (cqe,) = drv.reap(1, timeout_s=60, name="copy", rank=0)
+        check_completion(cqe, wr_id=good, name="copy", rank=0)
+        assert dev.host_read(dst, 256) == bytes(range(256))
