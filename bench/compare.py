@@ -3,10 +3,15 @@
 Same machine, same sizes, same world (4 ranks by default), float32 sum allreduce,
 each rank timing ``-n`` iterations after ``-w`` warm-ups; the slowest rank's mean time
 counts. busbw uses nccl-tests' allreduce factor 2(n-1)/n. A peer that is not installed
-is skipped with the reason printed. Results go to bench/results/compare.json.
+is skipped with the reason printed. Each row also has every backend's peak resident
+memory (the largest rank's ``ru_maxrss`` once that size has run), and the JSON the load
+average around each backend's run: on a shared machine the ratio of two backends run
+back to back is the number to read, not either time alone. Results go to
+bench/results/compare.json.
 
     python bench/compare.py                 # 8 B .. 16 MiB
     python bench/compare.py -e 256M         # the issue's full range (slow on 2 cores)
+    python bench/compare.py --sizes 8,64K,1M,8M,64M --mtu 9000   # chosen sizes, jumbo
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import argparse
 import datetime as _dt
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -95,8 +101,10 @@ def _worker(backend: str, sizes: list[int], n: int, w: int) -> None:
         x[:] = rank + 1
         allreduce(x)
         ok = bool(np.all(x == world * (world + 1) / 2))
+        rss = slowest(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)  # MiB
         if rank == 0:
-            print(json.dumps({"size": count * 4, "time_us": t * 1e6, "ok": ok}), flush=True)
+            print(json.dumps({"size": count * 4, "time_us": t * 1e6, "ok": ok,
+                              "maxrss_mib": rss}), flush=True)
 
 
 # ------------------------------------------------------------------------------ parent
@@ -117,9 +125,12 @@ def _available(backend: str) -> str | None:
 
 
 def _run(backend: str, ranks: int, sizes: list[int], n: int, w: int,
-         timeout: float) -> list[dict]:
+         timeout: float, mtu: int | None = None) -> list[dict]:
     me = [sys.executable, str(Path(__file__).resolve()), "--worker", backend,
           "--sizes", ",".join(map(str, sizes)), "-n", str(n), "-w", str(w)]
+    extra = {"GLOO_SOCKET_IFNAME": "lo"}
+    if backend == "fpgaccl" and mtu is not None:
+        extra["FPGACCL_MTU"] = str(mtu)
     if backend == "mpi":
         cmd = ["mpirun", "-n", str(ranks), "--oversubscribe", "--bind-to", "none"]
         if os.geteuid() == 0:
@@ -132,7 +143,7 @@ def _run(backend: str, ranks: int, sizes: list[int], n: int, w: int,
     else:
         from fpgaccl.host.launcher import free_port, rank_env
         port = free_port()
-        procs = [subprocess.Popen(me, env=rank_env(k, ranks, port, {"GLOO_SOCKET_IFNAME": "lo"}),
+        procs = [subprocess.Popen(me, env=rank_env(k, ranks, port, extra),
                                   stdout=subprocess.PIPE if k == 0 else subprocess.DEVNULL,
                                   text=True) for k in range(ranks)]
         out, _ = procs[0].communicate(timeout=timeout)
@@ -143,11 +154,21 @@ def _run(backend: str, ranks: int, sizes: list[int], n: int, w: int,
     return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
 
 
+def _default_mtu() -> int:
+    import inspect
+
+    from fpgaccl.host import Communicator
+    return inspect.signature(Communicator.__init__).parameters["mtu"].default
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--worker", choices=BACKENDS)
-    ap.add_argument("--sizes", default="")
+    ap.add_argument("--sizes", default="",
+                    help="comma-separated sizes (K/M/G suffixes), in place of -b/-e/-f")
+    ap.add_argument("--mtu", type=int, default=None,
+                    help="fpgaccl's MTU (default: the library's; 9000 = jumbo)")
     ap.add_argument("-g", "--ranks", type=int, default=4)
     ap.add_argument("-b", "--minbytes", default="8")
     ap.add_argument("-e", "--maxbytes", default="16M")
@@ -161,27 +182,37 @@ def main() -> int:
     if a.worker:
         _worker(a.worker, [int(s) for s in a.sizes.split(",")], a.iters, a.warmup)
         return 0
+    from fpgaccl.host import wire
     from fpgaccl.host.bench import git_rev, machine, parse_size
-    sizes = _sizes(parse_size(a.minbytes), parse_size(a.maxbytes), a.stepfactor)
+    if a.sizes:
+        sizes = [parse_size(v) for v in a.sizes.split(",")]
+    else:
+        sizes = _sizes(parse_size(a.minbytes), parse_size(a.maxbytes), a.stepfactor)
     results: dict[str, list[dict] | str] = {}
+    load: dict[str, list[float]] = {}
     for be in a.backends.split(","):
         why = _available(be)
         if why is None:
             print(f"# running {be} ...", file=sys.stderr, flush=True)
+            before = os.getloadavg()[0]
             try:
-                results[be] = _run(be, a.ranks, sizes, a.iters, a.warmup, a.timeout)
+                results[be] = _run(be, a.ranks, sizes, a.iters, a.warmup, a.timeout, a.mtu)
             except (RuntimeError, subprocess.TimeoutExpired) as e:
                 why = f"failed: {e}"
+            load[be] = [round(before, 2), round(os.getloadavg()[0], 2)]
         if why is not None:
             print(f"# skipping {be}: {why}")
             results[be] = why
     factor = 2 * (a.ranks - 1) / a.ranks
     runs = {be: v for be, v in results.items() if isinstance(v, list)}
-    head = f"#{'size':>11}" + "".join(f" {be + ' us':>12} {be + ' busbw':>13}" for be in runs)
+    head = f"#{'size':>11}" + "".join(f" {be + ' us':>12} {be + ' busbw':>13} {'MiB':>5}"
+                                      for be in runs)
     others = [be for be in runs if be != "fpgaccl"]
     head += "".join(f" {'x ' + be:>9}" for be in others)
     print(f"# allreduce float32 sum, {a.ranks} ranks, busbw in GB/s; 'x peer' = fpgaccl "
-          "busbw / peer busbw")
+          "busbw / peer busbw; MiB = peak RSS of the largest rank")
+    print(f"# fpgaccl mtu {a.mtu or _default_mtu()}, ICRC CRC-32 from {wire.crc32.__module__};"
+          f" 1-min load average before/after each run: {load}")
     print(head)
     rows = []
     for i, nbytes in enumerate(sizes):
@@ -191,8 +222,10 @@ def main() -> int:
             r = v[i] if i < len(v) else None
             t = r["time_us"] if r else float("nan")
             bw = nbytes / (t * 1e-6) / 1e9 * factor if r else float("nan")
-            row[be] = {"time_us": t, "busbw": bw, "ok": r["ok"] if r else False}
-            line += f" {t:>12.1f} {bw:>13.4f}"
+            rss = r.get("maxrss_mib", float("nan")) if r else float("nan")
+            row[be] = {"time_us": t, "busbw": bw, "ok": r["ok"] if r else False,
+                       "maxrss_mib": rss}
+            line += f" {t:>12.1f} {bw:>13.4f} {rss:>5.0f}"
         for be in others:
             ratio = row["fpgaccl"]["busbw"] / row[be]["busbw"] if "fpgaccl" in row else \
                 float("nan")
@@ -204,6 +237,8 @@ def main() -> int:
            "git_rev": git_rev(), "machine": machine(),
            "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
            "ranks": a.ranks, "dtype": "float32", "op": "sum",
+           "loadavg_1min": load,
+           "fpgaccl": {"mtu": a.mtu or _default_mtu(), "crc32": wire.crc32.__module__},
            "skipped": {be: v for be, v in results.items() if isinstance(v, str)},
            "rows": rows}
     Path(a.json).parent.mkdir(parents=True, exist_ok=True)

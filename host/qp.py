@@ -61,7 +61,6 @@ _WRITES = frozenset(int(o) for o in (Opcode.RDMA_WRITE_FIRST, Opcode.RDMA_WRITE_
 _ACK = int(Opcode.ACKNOWLEDGE)
 _MIDDLE = int(Opcode.RDMA_WRITE_MIDDLE)
 _AETH = frozenset(int(o) for o in AETH_OPCODES)
-_RESV7 = ~(wire.ACKREQ | wire.PSN_MASK) & 0xFFFFFFFF  # the BTH's resv7 bits
 
 
 class Completion:
@@ -190,6 +189,7 @@ class QueuePair:
         """Send new packets while the window allows; True if anything went out."""
         window = self.engine.window
         burst: list[tuple] = []
+        sent = False
         while len(self.outstanding) < window and self.error is None:
             msg = self.cur
             if msg is None:
@@ -209,13 +209,18 @@ class QueuePair:
                 self.cur_off = 0
             left = len(msg.data) - self.cur_off
             if self.cur_off and left > self.engine.mtu:
-                burst += self._middles(msg, min((left - 1) // self.engine.mtu,
-                                                window - len(self.outstanding)), now)
+                if burst:  # keep the wire order: what came before goes first
+                    self.engine.transmit_many(burst, self.addr)
+                    burst = []
+                self._middles(msg, min((left - 1) // self.engine.mtu,
+                                       window - len(self.outstanding)), now)
+                sent = True
             else:
                 burst.append(self._segment(msg, now))
         if burst:
             self.engine.transmit_many(burst, self.addr)
-        return bool(burst)
+            sent = True
+        return sent
 
     def _segment(self, msg: Message, now: float) -> tuple:
         """The next packet of ``msg``, recorded as outstanding; returns its parts."""
@@ -263,9 +268,11 @@ class QueuePair:
             self.cur_off = off + n
         return parts
 
-    def _middles(self, msg: Message, k: int, now: float) -> list[tuple]:
-        """The next ``k`` packets of ``msg``, all RDMA WRITE MIDDLE (full MTU, no pad):
-        what :meth:`_segment` would build one by one, in one tight loop."""
+    def _middles(self, msg: Message, k: int, now: float) -> None:
+        """Send the next ``k`` packets of ``msg``, all RDMA WRITE MIDDLE (full MTU, no
+        pad): what :meth:`_segment` would build one by one, in one tight loop, handed to
+        the engine as one run of equal datagrams. The payloads stay views of the message
+        (no copy); the kernel gathers each datagram from its three parts."""
         mtu = self.engine.mtu
         half = self.engine.window // 2
         data = msg.data
@@ -274,15 +281,17 @@ class QueuePair:
         since = self.since_ackreq
         seed = wire.icrc_seed(self.src_ip, self.dst_ip, self.local_port, self.addr[1],
                               8 + wire.BTH_LEN + mtu + wire.ICRC_LEN)
-        pack, crc32, icrc = wire.BTH_FMT.pack, wire.crc32, wire.ICRC_FMT.pack
-        opcode = int(Opcode.RDMA_WRITE_MIDDLE)
+        # The BTH's first 8 bytes are the same for the whole run: its real bytes, and the
+        # CRC state after its masked bytes. Only the PSN word (which the ICRC covers
+        # unmasked: MASK_W2 == 0) and the payload change from packet to packet.
         dqpn = self.remote_qpn
-        m_op, m_b1, m_pkey = opcode | wire.MASK_OPCODE, wire.MASK_B1, wire.PKEY | wire.MASK_PKEY
-        m_dqpn, m_w2 = dqpn | wire.MASK_W1, wire.MASK_W2
+        head = wire.BTH_FMT.pack(_MIDDLE, 0, wire.PKEY, dqpn, 0)[:8]
+        state = wire.crc32(wire.bth_masked(_MIDDLE, 0, dqpn, False, 0)[:8], seed)
+        word, crc32, icrc = wire.IMM_FMT.pack, wire.crc32, wire.ICRC_FMT.pack
         if not self.outstanding:
             self.last_progress = now
-        outstanding = self.outstanding
-        out = []
+        append = self.outstanding.append
+        flat: list = []
         for _ in range(k):
             since += 1
             w2 = psn
@@ -290,16 +299,16 @@ class QueuePair:
                 w2 |= wire.ACKREQ
                 since = 0
             payload = data[off:off + mtu]
-            c = crc32(payload, crc32(pack(m_op, m_b1, m_pkey, m_dqpn, w2 | m_w2), seed))
-            parts = (pack(opcode, 0, wire.PKEY, dqpn, w2), payload, icrc(c & 0xFFFFFFFF))
-            outstanding.append((psn, parts, None))
-            out.append(parts)
+            w = word(w2)
+            parts = (head + w, payload, icrc(crc32(payload, crc32(w, state))))
+            append((psn, parts, None))
+            flat += parts
             psn = (psn + 1) & wire.PSN_MASK
             off += mtu
         self.next_psn = psn
         self.since_ackreq = since
         self.cur_off = off
-        return out
+        self.engine.transmit_run(flat, k, wire.BTH_LEN + mtu + wire.ICRC_LEN, self.addr)
 
     def on_ack(self, psn: int, syndrome: int, now: float) -> None:
         kind, code = split_syndrome(syndrome)
@@ -317,13 +326,18 @@ class QueuePair:
 
     def _acked(self, psn: int, now: float) -> None:
         out = self.outstanding
-        progressed = False
-        while out and psn_diff(out[0][0], psn) <= 0:
-            _, _, msg = out.popleft()
-            progressed = True
+        if not out:
+            return
+        # Outstanding PSNs are consecutive: the ACK covers the first n of them.
+        n = min(psn_diff(psn, out[0][0]) + 1, len(out))
+        if n <= 0:
+            return
+        pop = out.popleft
+        for _ in range(n):
+            msg = pop()[2]
             if msg is not None and msg.completion is not None:
                 msg.completion.finish_one()
-        if progressed:
+        if n:
             self.last_progress = now
             self.retries = 0
 
@@ -420,46 +434,51 @@ class QueuePair:
                     eng.arrivals_dirty = True
             self.w_off = -1
 
-    def on_middle_run(self, rows: np.ndarray, view: memoryview, dqpn: int, seed: int) -> int:
-        """``rows``: k datagrams (one per row, ``view`` their bytes from the first row on)
-        that the engine found to be RDMA WRITE MIDDLE packets to this QP with pad 0. Take
-        the leading ones that are the next PSNs of the WRITE in progress, fit it and carry
-        a good ICRC: write their payloads with one copy, with the effect of
-        :meth:`on_write` on each in turn, and return how many were taken. The first that
-        fails any check, and all after it, are left to :meth:`on_write`."""
+    def on_middle_run(self, buf: bytearray, rows: np.ndarray, seed: int) -> int:
+        """``rows``: k coalesced datagrams of equal size (one per row; ``buf`` holds their
+        bytes from the first on), the first an RDMA WRITE MIDDLE to this QP. Take the
+        leading ones that are MIDDLEs with the first one's BTH flags, P_Key and QPN, are
+        the next PSNs of the WRITE in progress, fit it and carry a good ICRC: write their
+        payloads with one copy, with the effect of :meth:`on_write` on each in turn, and
+        return how many were taken. The first that fails any check, and all after it,
+        are left to :meth:`on_write`."""
+        if self.w_off < 0 or wire.MASK_W2:
+            return 0
         k, seg = rows.shape
         pay = seg - wire.BTH_LEN - wire.ICRC_LEN
-        if self.w_off < 0:
-            return 0
-        w2 = rows[:, 8:12].copy().view(">u4").ravel()
-        # resv7 set: on_write's ICRC check reads those bits as 0, so let it decide.
-        ok = ((w2 & wire.PSN_MASK) == (self.epsn + np.arange(k)) & wire.PSN_MASK) \
-            & ((w2 & _RESV7) == 0)
-        m = k if ok.all() else int(ok.argmin())
-        m = min(m, (self.w_len - self.w_done) // pay)
-        if m <= 0:
-            return 0
-        icrcs = rows[:m, seg - wire.ICRC_LEN:].copy().view("<u4").ravel().tolist()
-        pack, crc32 = wire.BTH_FMT.pack, wire.crc32
-        m_op, m_b1, m_pkey = _MIDDLE | wire.MASK_OPCODE, wire.MASK_B1, wire.PKEY | wire.MASK_PKEY
-        m_dqpn, m_w2 = dqpn | wire.MASK_W1, wire.MASK_W2
+        k = min(k, (self.w_len - self.w_done) // pay)
+        head = bytes(buf[0:8])  # opcode, flags + pad + version, P_Key, QPN word
+        _, _, _, dqpn, _ = wire.BTH_FMT.unpack_from(head + bytes(4))
+        # CRC state after the masked first 8 BTH bytes; the PSN word is covered unmasked
+        # and lies right before the payload, so one CRC call per packet covers both.
+        state = wire.crc32(wire.bth_masked(_MIDDLE, 0, dqpn & 0xFFFFFF, False, 0)[:8], seed)
+        view = memoryview(buf)
+        word, crc32, icrc = wire.IMM_FMT.unpack_from, wire.crc32, wire.ICRC_FMT.unpack_from
+        psn = self.epsn
+        ackreq = 0
+        m = 0
         base = 0
-        for i, (w, want) in enumerate(zip(w2[:m].tolist(), icrcs, strict=True)):
-            c = crc32(view[base + wire.BTH_LEN:base + seg - wire.ICRC_LEN],
-                      crc32(pack(m_op, m_b1, m_pkey, m_dqpn, w | m_w2), seed))
-            if c & 0xFFFFFFFF != want:
-                m = i
+        tail = seg - wire.ICRC_LEN
+        while m < k:
+            (w,) = word(buf, base + 8)
+            # resv7 must be 0 (on_write's ICRC check reads those bits as 0).
+            if (w & ~wire.ACKREQ) != psn or not buf.startswith(head, base) or \
+                    crc32(view[base + 8:base + tail], state) & 0xFFFFFFFF != \
+                    icrc(buf, base + tail)[0]:
                 break
+            ackreq |= w
+            psn = (psn + 1) & wire.PSN_MASK
             base += seg
+            m += 1
         if not m:
             return 0
         start = self.w_off + self.w_done
         self.w_mr.buf[start:start + m * pay].reshape(m, pay)[...] = \
             rows[:m, wire.BTH_LEN:wire.BTH_LEN + pay]
         self.w_done += m * pay
-        self.epsn = (self.epsn + m) & wire.PSN_MASK
+        self.epsn = psn
         self.nak_sent = False
-        if (w2[:m] & wire.ACKREQ).any():
+        if ackreq & wire.ACKREQ:
             self.ack_pending = True
         return m
 

@@ -107,6 +107,8 @@ MASK_B1 = (_MASK_W0 >> 16) & 0xFF
 MASK_PKEY = _MASK_W0 & 0xFFFF
 MASK_W1 = _MASK_W1
 MASK_W2 = _MASK_W2
+# The engines' fast paths CRC the PSN word as sent: RoCEv2 masks none of its bits.
+assert MASK_W2 == 0
 
 
 def bth(opcode: int, pad: int, dqpn: int, ackreq: bool, psn: int) -> bytes:
