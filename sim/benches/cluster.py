@@ -8,7 +8,6 @@ import time
 
 import cocotb
 import numpy as np
-from cocotb.triggers import ClockCycles
 
 from fpgaccl.host.csr_plan import collective_writes, connect_writes, doorbell
 from fpgaccl.proto import programs as P
@@ -17,7 +16,7 @@ from fpgaccl.proto.regmap import ENGINE_ID
 from fpgaccl.sim import bench_params
 from fpgaccl.sim.models.sequencer import SequencerModel
 
-from .cluster_tb import TB
+from .cluster_tb import TB, format_summary
 
 
 async def run(tb, name, gen, world, xs, dtype, op, coll_id, psn_seed):
@@ -37,17 +36,8 @@ async def run(tb, name, gen, world, xs, dtype, op, coll_id, psn_seed):
     wall = time.perf_counter()
     for k in range(world):
         await tb.csr_write(k, [doorbell(rmap, coll_id)])
-    seen = 0
-    limit = tb.p.get("max_cycles", 2_000_000)
-    while seen != (1 << world) - 1:
-        await ClockCycles(tb.dut.clk, 64)
-        # `done` pulses; `busy` low after a start means the program ended.
-        busy = int(tb.dut.busy.value)
-        for k in range(world):
-            if not busy >> k & 1:
-                seen |= 1 << k
-        assert int(tb.dut.cycles.value) - start < limit, f"{name}: no completion"
-    cycles = int(tb.dut.cycles.value) - start
+    # Only Verilator runs until the last node's `busy` falls.
+    cycles = await tb.wait_idle((1 << world) - 1, start, tb.p.get("max_cycles", 2_000_000))
     tb.last_wall = time.perf_counter() - wall
     status = rmap.address("ctrl.status")
     outs = []
@@ -67,6 +57,8 @@ async def collectives_on_the_cluster(dut):
     assert await tb.csr_read(0, tb.rmap.address("ctrl.id")) == ENGINE_ID
     world = p["nodes"]
     dut.loss.value = p.get("loss", 0)
+    if p.get("impair"):
+        await tb.impair(p.get("seed", 1), **p["impair"])
     log = []
     report = []
     cases = [
@@ -96,9 +88,17 @@ async def collectives_on_the_cluster(dut):
                        "dtype": dtype.name.lower(), "bytes": int(xs[0].nbytes),
                        "cycles": cycles, "wall_s": tb.last_wall,
                        "dropped": int(dut.dropped.value)})
+    summary = await tb.summary(world)
+    log.append(format_summary(summary))
+    dut._log.info("\n".join(log))
     if p.get("expect_drops"):
         assert int(dut.dropped.value) > 0, "the lossy run dropped nothing: loss not applied"
-    dut._log.info("\n".join(log))
+    for reason in p.get("expect_reasons", ()):
+        assert summary["drops"].get(reason), f"no {reason} drops counted: {summary['drops']}"
+    for what in p.get("expect_link", ()):
+        assert summary["link"][what], f"the links did no {what}: {summary['link']}"
+    if p.get("expect_retransmits"):
+        assert summary["retransmits"] > 0, "impaired run without a retransmission"
     if p.get("report"):
         with open(p["report"], "w") as f:
-            json.dump(report, f)
+            json.dump({"rows": report, "summary": summary}, f)

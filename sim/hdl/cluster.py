@@ -20,7 +20,9 @@ from fpgaccl.hw.node import Node
 from fpgaccl.hw.stream.beat import beat_stream
 
 from .blackbox import BlackBox
+from .link import LINK_CFG, Link
 from .memory import RAM_VERILOG, SimMemory
+from .registered import RegisteredInputs
 from .switch import Switch
 
 
@@ -48,6 +50,8 @@ class Cluster(wiring.Component):
             "bd_we": In(1),
             "bd_rdata": Out(width),
             "loss": In(16),
+            # impairment registers of link `sel` (node `sel` -> switch): sim/hdl/link.py
+            "link": In(LINK_CFG),
             "done": Out(nodes),
             "busy": Out(nodes),
             "dropped": Out(32),
@@ -83,7 +87,10 @@ class Cluster(wiring.Component):
             wiring.connect(m, node.rd_req, mem.rd_req)
             wiring.connect(m, mem.rd_resp, node.rd_resp)
             wiring.connect(m, node.wr, mem.wr)
-            swi, swo = getattr(sw, f"i{k}"), getattr(sw, f"o{k}")
+            # Frames into the switch pass an impairment pipe (off until configured).
+            m.submodules[f"link{k}"] = link = Link(self.width, seed=self.seed + k)
+            wiring.connect(m, link.o, getattr(sw, f"i{k}"))
+            swi, swo = link.i, getattr(sw, f"o{k}")
             xrx, xtx, ext = getattr(self, f"xrx{k}"), getattr(self, f"xtx{k}"), self.external[k]
             m.d.comb += [
                 swi.payload.eq(Mux(ext, xrx.payload.as_value(), node.tx.payload.as_value())),
@@ -100,11 +107,14 @@ class Cluster(wiring.Component):
                 node.csr.r_stb.eq(self.csr.r_stb & here),
                 mem.bd_addr.eq(self.bd_addr), mem.bd_wdata.eq(self.bd_wdata),
                 mem.bd_we.eq(self.bd_we & here),
+                link.cfg.addr.eq(self.link.addr), link.cfg.w_data.eq(self.link.w_data),
+                link.cfg.w_stb.eq(self.link.w_stb & here),
                 self.done[k].eq(node.done), self.busy[k].eq(node.busy),
             ]
             with m.If(here):
                 m.d.comb += [self.csr.r_data.eq(node.csr.r_data),
-                             self.bd_rdata.eq(mem.bd_rdata)]
+                             self.bd_rdata.eq(mem.bd_rdata),
+                             self.link.r_data.eq(link.cfg.r_data)]
         return m
 
 
@@ -113,15 +123,18 @@ class Cluster(wiring.Component):
 STANDARD = {"nodes": 4, "width": 64, "mem_bytes": 8 << 20, "imem_words": 256, "mtu": 4096}
 
 
-def build_standard(**overrides):
+def build_standard(*, waves: bool | None = None, **overrides):
     """Verilator build of the standard cluster (cached): returns ``(SimBuild, params)``
-    with the parameters the cluster bench needs."""
-    from fpgaccl.sim.runner import FAST_BUILD_ARGS, build
+    with the parameters the cluster bench needs. ``waves`` (default: the
+    ``FPGACCL_WAVES`` environment variable) makes a separate build that can trace (FST
+    where the toolchain allows, else VCD); a run traces when given ``waves=True``."""
+    from fpgaccl.sim.runner import CLUSTER_BUILD_ARGS, CLUSTER_CXX_OPT, build, waves_requested
 
     cfg = {**STANDARD, **overrides}
     cluster = Cluster(cfg["nodes"], cfg["width"], mem_bytes=cfg["mem_bytes"],
                       imem_words=cfg["imem_words"], mtu=cfg["mtu"], blackbox_nodes=True)
     name = f"cluster{cfg['nodes']}_w{cfg['width']}"
-    sim = build(cluster, name, build_args=(*FAST_BUILD_ARGS, "-fno-inline"), cxx_opt="-O1",
-                extra_sources=[RAM_VERILOG, cluster.blackbox.source])
+    sim = build(RegisteredInputs(cluster), name, build_args=CLUSTER_BUILD_ARGS,
+                cxx_opt=CLUSTER_CXX_OPT, extra_sources=[RAM_VERILOG, cluster.blackbox.source],
+                waves=waves_requested() if waves is None else waves)
     return sim, {**cfg, "qps": cluster.qps}

@@ -1,6 +1,6 @@
 """Collectives on four simulated nodes (the whole HDL node, Verilator) joined by the
 hardware switch: bit-exact against the sequencer model (and so numpy), on a clean
-switch and with 2% of frames dropped."""
+switch, with 2% of frames dropped by the switch, and with every link impairment on."""
 
 import pytest
 
@@ -26,3 +26,19 @@ def test_collectives_survive_frame_loss(cluster):
         params={**params, "count": 3000, "loss": 1311,   # 2% of frames
                 "cases": ["ring_allreduce", "rhd_allreduce"], "expect_drops": True},
         test_dir=sim.build_dir / "run_lossy")
+
+
+@pytest.mark.slow
+def test_allreduce_survives_every_impairment_at_once(cluster):
+    """Loss, reordering, duplication and corruption on every link (the link pipes,
+    seeded): still bit-exact; the corrupted frames show as BAD_ICRC drops at the
+    receivers, duplicates as PSN_DUPLICATE, and the transport retransmitted."""
+    sim, params = cluster
+    p = 2621  # 4% of frames, each impairment
+    run(sim, "fpgaccl.sim.benches.cluster",
+        params={**params, "count": 3000, "cases": ["ring_allreduce", "rhd_allreduce"],
+                "impair": {"loss": p, "reorder": p, "dup": p, "corrupt": p, "latency": 40},
+                "seed": 5, "expect_reasons": ["bad_icrc", "psn_duplicate"],
+                "expect_link": ["dropped", "duplicated", "reordered", "corrupted"],
+                "expect_retransmits": True},
+        test_dir=sim.build_dir / "run_impaired")
