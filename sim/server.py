@@ -6,9 +6,9 @@ reuses) the standard cluster, runs the cocotb server bench
 (:mod:`fpgaccl.sim.benches.sim_server`) until every rank has connected and left, and
 prints the run summary on stderr. :class:`ServerProcess` is how the launcher and the
 tests start one. ``--waves`` uses a separate build with tracing (minutes the first time)
-and leaves a VCD dump (dump.vcd, ~8 KB per cycle for four nodes) in the run folder it
-prints. FST would take ``--trace-fst`` in the build arguments and the lz4 headers
-(liblz4-dev), absent here.
+and leaves the waveform in the run folder it prints: ``dump.fst`` where the lz4 and zlib
+headers are installed (Debian: liblz4-dev, zlib1g-dev), else ``dump.vcd`` (much larger:
+~8 KB per cycle for four nodes). ``FPGACCL_WAVES=1`` does the same for any run.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import argparse
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -32,7 +33,8 @@ SERVER_MODULE = "fpgaccl.sim.benches.sim_server"
 BUILD_ENV = "FPGACCL_SIM_BUILD"
 """JSON ``{"build_dir", "toplevel", "params"}`` of an existing build of the standard
 cluster: the server uses it as is, skipping the elaboration that checks the cache
-(~10-20 s). Tests that already called build_standard() set it."""
+(~10-20 s). Tests that already called build_standard() set it. Ignored for ``waves``
+runs, which need the traced build."""
 
 
 def build_env(sim: Any, params: dict[str, Any]) -> dict[str, str]:
@@ -47,27 +49,15 @@ def build_cluster(waves: bool = False):
     if not waves and os.environ.get(BUILD_ENV):
         b = json.loads(os.environ[BUILD_ENV])
         return SimBuild(b["toplevel"], Path(b["build_dir"]), Path(b["verilog"])), b["params"]
-    if not waves:
-        return build_standard()
-    # The same configuration as build_standard(), compiled with tracing on. cocotb's runner
-    # traces VCD (dump.vcd); FST (--trace-fst) needs lz4.h, which this machine lacks.
-    from fpgaccl.sim.hdl.cluster import STANDARD, Cluster
-    from fpgaccl.sim.hdl.memory import RAM_VERILOG
-    from fpgaccl.sim.runner import FAST_BUILD_ARGS, build
-    cfg = dict(STANDARD)
-    cluster = Cluster(cfg["nodes"], cfg["width"], mem_bytes=cfg["mem_bytes"],
-                      imem_words=cfg["imem_words"], mtu=cfg["mtu"], blackbox_nodes=True)
-    sim = build(cluster, f"cluster{cfg['nodes']}_w{cfg['width']}", waves=True,
-                build_args=(*FAST_BUILD_ARGS, "-fno-inline"), cxx_opt="-O1",
-                extra_sources=[RAM_VERILOG, cluster.blackbox.source])
-    return sim, {**cfg, "qps": cluster.qps}
+    return build_standard(waves=waves)
 
 
 def serve(socket_path: str, *, waves: bool = False, loss: int = 0, seed: int = 1,
           run_dir: str | None = None, idle_timeout_s: float = 600.0) -> dict[str, Any]:
     """Run the server until the world has come and gone; return the run summary."""
     from fpgaccl.host.sim_backend import SIM_STAGE_BYTES
-    from fpgaccl.sim.runner import run
+    from fpgaccl.sim.runner import run, waves_requested
+    waves = waves or waves_requested()
     sim, params = build_cluster(waves)
     run_dir = Path(run_dir or tempfile.mkdtemp(prefix="fpgaccl-sim-"))
     summary = run_dir / "summary.json"
@@ -76,7 +66,7 @@ def serve(socket_path: str, *, waves: bool = False, loss: int = 0, seed: int = 1
                 "summary": str(summary), "loss": loss, "seed": seed, "clock_ns": 4,
                 "idle_timeout_s": idle_timeout_s})
     out = json.loads(summary.read_text())
-    out["run_dir"] = str(run_dir)
+    out["run_dir"], out["waves"] = str(run_dir), waves
     return out
 
 
@@ -96,13 +86,17 @@ class ServerProcess:
     """A server in a child process, with its socket in a private temporary folder."""
 
     def __init__(self, *, waves: bool = False, loss: int = 0,
-                 idle_timeout_s: float = 600.0) -> None:
+                 idle_timeout_s: float = 600.0, env: dict[str, str] | None = None) -> None:
         self.dir = tempfile.mkdtemp(prefix="fpgaccl-sim-")
         self.socket = os.path.join(self.dir, "sim.sock")
         cmd = [sys.executable, "-m", "fpgaccl.sim.server", "--socket", self.socket,
                "--run-dir", self.dir, "--loss", str(loss),
                "--idle-timeout", str(idle_timeout_s)] + (["--waves"] if waves else [])
-        self.proc = subprocess.Popen(cmd)
+        # ``env``: extra variables for the server only (a mixed run's bridge options). Its
+        # own process group: the simulator is a grandchild (cocotb's runner starts it), and
+        # killing the group is the only way not to leave it running.
+        self.proc = subprocess.Popen(cmd, env={**os.environ, **(env or {})},
+                                     start_new_session=True)
 
     def wait_ready(self, timeout_s: float = 1800.0) -> str:
         """Wait for the socket (the first call may build the cluster: minutes)."""
@@ -113,7 +107,7 @@ class ServerProcess:
                     f"the simulation server exited with {self.proc.returncode} before it "
                     f"listened (log: {self.dir}/sim.log)")
             if time.monotonic() > end:
-                self.proc.kill()
+                self._kill()
                 raise BackendUnavailableError(f"no simulation server after {timeout_s:g} s")
             time.sleep(0.1)
         return self.socket
@@ -133,8 +127,12 @@ class ServerProcess:
         try:
             return self.proc.wait(timeout_s)
         except subprocess.TimeoutExpired:
-            self.proc.kill()
+            self._kill()
             return self.proc.wait()
+
+    def _kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -155,8 +153,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"fpgaccl sim: server failed: {e}", file=sys.stderr)
         return 1
     print(format_summary(s), file=sys.stderr)
-    if a.waves:
-        print(f"fpgaccl sim: waveforms in {s['run_dir']}", file=sys.stderr)
+    if s.get("waves"):
+        from fpgaccl.sim.runner import waves_file
+        print(f"fpgaccl sim: waveform {waves_file(Path(s['run_dir']))}", file=sys.stderr)
     if a.json:
         Path(a.json).write_text(json.dumps(s, indent=1))
     return 0
