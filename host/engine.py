@@ -54,6 +54,7 @@ GSO_MAX_SEGMENTS = 64
 GSO_MAX_BYTES = 65507  # one UDP payload: 65535 - IPv4 - UDP headers
 _GSO_SIZE = struct.Struct("=H")
 _GRO_SIZE = struct.Struct("=i")
+_GRO_CMSG_SPACE = socket.CMSG_SPACE(_GRO_SIZE.size)
 
 
 class Job:
@@ -313,6 +314,7 @@ class Engine:
         poller = select.poll()
         poller.register(self.sock, select.POLLIN)
         poller.register(self._wake_r, select.POLLIN)
+        wake_fd = self._wake_r.fileno()
         try:
             while not self._stop:
                 busy = self._receive()
@@ -327,13 +329,17 @@ class Engine:
                 if self._submitted or self._jobs:
                     busy |= self._sequence(now)
                 if not busy:
-                    if not poller.poll(self._poll_ms(now)):
+                    events = poller.poll(self._poll_ms(now))
+                    if not events:
                         self.stats["poll_expired"] += 1
-                    try:
-                        while self._wake_r.recv(4096):
+                    elif any(fd == wake_fd for fd, _ in events):
+                        # Drain the wake-ups only when there are some: one system call
+                        # fewer on every datagram-driven wake.
+                        try:
+                            while self._wake_r.recv(4096):
+                                pass
+                        except BlockingIOError:
                             pass
-                    except BlockingIOError:
-                        pass
         except BaseException as e:  # the engine must never die silently
             self.failed = e
             for job in (*self._jobs, *self._submitted):
@@ -355,7 +361,7 @@ class Engine:
         got = False
         now = time.monotonic()
         gro = self.gro
-        anc_space = socket.CMSG_SPACE(_GRO_SIZE.size)
+        anc_space = _GRO_CMSG_SPACE
         for _ in range(64):
             try:
                 if gro:
