@@ -2,16 +2,19 @@
 
 Same machine, same sizes, same world (4 ranks by default), float32 sum allreduce,
 each rank timing ``-n`` iterations after ``-w`` warm-ups; the slowest rank's mean time
-counts. busbw uses nccl-tests' allreduce factor 2(n-1)/n. A peer that is not installed
-is skipped with the reason printed. Each row also has every backend's peak resident
-memory (the largest rank's ``ru_maxrss`` once that size has run), and the JSON the load
-average around each backend's run: on a shared machine the ratio of two backends run
-back to back is the number to read, not either time alone. Results go to
+counts (with ``-r R``, the median over R rounds that interleave the backends). busbw
+uses nccl-tests' allreduce factor 2(n-1)/n. A peer that is not installed is skipped
+with the reason printed. Each row also has every backend's CPU time per call (the
+busiest rank's, user + system, all threads: less sensitive to other load than the wall
+time) and peak resident memory (the largest rank's ``ru_maxrss`` once that size has
+run); the JSON has the load average around each run. On a shared machine the ratio of
+backends run back to back is the number to read, not either time alone. Results go to
 bench/results/compare.json.
 
     python bench/compare.py                 # 8 B .. 16 MiB
     python bench/compare.py -e 256M         # the issue's full range (slow on 2 cores)
-    python bench/compare.py --sizes 8,64K,1M,8M,64M --mtu 9000   # chosen sizes, jumbo
+    python bench/compare.py --sizes 8,64K,1M,8M,64M -r 3   # chosen sizes, median of 3
+    python bench/compare.py --mtu 9000      # fpgaccl with jumbo frames
 """
 
 from __future__ import annotations
@@ -48,6 +51,12 @@ def _iters(nbytes: int, n: int) -> int:
 
 
 # ------------------------------------------------------------------------------ workers
+def _cpu_s() -> float:
+    """User + system CPU seconds of this process, all its threads."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
 def _worker(backend: str, sizes: list[int], n: int, w: int) -> None:
     if backend == "mpi":
         from mpi4py import MPI
@@ -92,10 +101,12 @@ def _worker(backend: str, sizes: list[int], n: int, w: int) -> None:
         for _ in range(w):
             allreduce(x)
         x[:] = rank + 1
+        c0 = _cpu_s()
         t0 = time.perf_counter()
         for _ in range(iters):
             allreduce(x)
         t = slowest((time.perf_counter() - t0) / iters)
+        cpu = slowest((_cpu_s() - c0) / iters)  # the busiest rank's CPU seconds per call
         # Check the result too: all ones times world**iters would overflow, so check the
         # last call alone on a fresh buffer.
         x[:] = rank + 1
@@ -104,7 +115,7 @@ def _worker(backend: str, sizes: list[int], n: int, w: int) -> None:
         rss = slowest(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)  # MiB
         if rank == 0:
             print(json.dumps({"size": count * 4, "time_us": t * 1e6, "ok": ok,
-                              "maxrss_mib": rss}), flush=True)
+                              "maxrss_mib": rss, "cpu_us": cpu * 1e6}), flush=True)
 
 
 # ------------------------------------------------------------------------------ parent
@@ -154,6 +165,21 @@ def _run(backend: str, ranks: int, sizes: list[int], n: int, w: int,
     return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
 
 
+def _median_rows(rounds: list[list[dict]], n: int) -> list[dict]:
+    """Per size: the median time over the rounds, every round's time, all ok, the peak RSS."""
+    out = []
+    for i in range(n):
+        got = [r[i] for r in rounds if i < len(r)]
+        if not got:
+            break
+        times = [g["time_us"] for g in got]
+        out.append({"size": got[0]["size"], "time_us": float(np.median(times)),
+                    "times_us": times, "ok": all(g["ok"] for g in got),
+                    "cpu_us": float(np.median([g["cpu_us"] for g in got])),
+                    "maxrss_mib": max(g["maxrss_mib"] for g in got)})
+    return out
+
+
 def _default_mtu() -> int:
     import inspect
 
@@ -178,6 +204,8 @@ def main() -> int:
     ap.add_argument("--backends", default=",".join(BACKENDS))
     ap.add_argument("--json", default=str(RESULTS))
     ap.add_argument("--timeout", type=float, default=1800)
+    ap.add_argument("-r", "--repeat", type=int, default=1,
+                    help="rounds over all backends, interleaved; each size reports the median")
     a = ap.parse_args()
     if a.worker:
         _worker(a.worker, [int(s) for s in a.sizes.split(",")], a.iters, a.warmup)
@@ -189,28 +217,40 @@ def main() -> int:
     else:
         sizes = _sizes(parse_size(a.minbytes), parse_size(a.maxbytes), a.stepfactor)
     results: dict[str, list[dict] | str] = {}
-    load: dict[str, list[float]] = {}
-    for be in a.backends.split(","):
-        why = _available(be)
-        if why is None:
-            print(f"# running {be} ...", file=sys.stderr, flush=True)
+    load: dict[str, list[list[float]]] = {}
+    repeats: dict[str, list[list[dict]]] = {}
+    backends = a.backends.split(",")
+    skipped = {be: why for be in backends if (why := _available(be)) is not None}
+    # Rounds interleave the backends (A B C, A B C, ...): a load that comes and goes on a
+    # shared machine then hits each about equally, and each size reports the median.
+    for rnd in range(a.repeat):
+        for be in backends:
+            if be in skipped:
+                continue
+            print(f"# round {rnd + 1}/{a.repeat}: running {be} ...", file=sys.stderr,
+                  flush=True)
             before = os.getloadavg()[0]
             try:
-                results[be] = _run(be, a.ranks, sizes, a.iters, a.warmup, a.timeout, a.mtu)
+                repeats.setdefault(be, []).append(
+                    _run(be, a.ranks, sizes, a.iters, a.warmup, a.timeout, a.mtu))
             except (RuntimeError, subprocess.TimeoutExpired) as e:
-                why = f"failed: {e}"
-            load[be] = [round(before, 2), round(os.getloadavg()[0], 2)]
-        if why is not None:
-            print(f"# skipping {be}: {why}")
-            results[be] = why
+                skipped[be] = f"failed: {e}"
+            load.setdefault(be, []).append([round(before, 2), round(os.getloadavg()[0], 2)])
+    for be in backends:
+        if be in skipped:
+            print(f"# skipping {be}: {skipped[be]}")
+            results[be] = skipped[be]
+        else:
+            results[be] = _median_rows(repeats[be], len(sizes))
     factor = 2 * (a.ranks - 1) / a.ranks
     runs = {be: v for be, v in results.items() if isinstance(v, list)}
-    head = f"#{'size':>11}" + "".join(f" {be + ' us':>12} {be + ' busbw':>13} {'MiB':>5}"
-                                      for be in runs)
+    head = f"#{'size':>11}" + "".join(f" {be + ' us':>12} {be + ' busbw':>13} {'cpu us':>9}"
+                                      f" {'MiB':>5}" for be in runs)
     others = [be for be in runs if be != "fpgaccl"]
     head += "".join(f" {'x ' + be:>9}" for be in others)
     print(f"# allreduce float32 sum, {a.ranks} ranks, busbw in GB/s; 'x peer' = fpgaccl "
-          "busbw / peer busbw; MiB = peak RSS of the largest rank")
+          "busbw / peer busbw; cpu us = the busiest rank's CPU time per call (user + system, "
+          "all threads); MiB = peak RSS of the largest rank")
     print(f"# fpgaccl mtu {a.mtu or _default_mtu()}, ICRC CRC-32 from {wire.crc32.__module__};"
           f" 1-min load average before/after each run: {load}")
     print(head)
@@ -224,8 +264,9 @@ def main() -> int:
             bw = nbytes / (t * 1e-6) / 1e9 * factor if r else float("nan")
             rss = r.get("maxrss_mib", float("nan")) if r else float("nan")
             row[be] = {"time_us": t, "busbw": bw, "ok": r["ok"] if r else False,
-                       "maxrss_mib": rss}
-            line += f" {t:>12.1f} {bw:>13.4f} {rss:>5.0f}"
+                       "maxrss_mib": rss, "times_us": r["times_us"] if r else [],
+                       "cpu_us": r["cpu_us"] if r else float("nan")}
+            line += f" {t:>12.1f} {bw:>13.4f} {row[be]['cpu_us']:>9.0f} {rss:>5.0f}"
         for be in others:
             ratio = row["fpgaccl"]["busbw"] / row[be]["busbw"] if "fpgaccl" in row else \
                 float("nan")
@@ -239,6 +280,7 @@ def main() -> int:
            "ranks": a.ranks, "dtype": "float32", "op": "sum",
            "loadavg_1min": load,
            "fpgaccl": {"mtu": a.mtu or _default_mtu(), "crc32": wire.crc32.__module__},
+           "repeat": a.repeat,
            "skipped": {be: v for be, v in results.items() if isinstance(v, str)},
            "rows": rows}
     Path(a.json).parent.mkdir(parents=True, exist_ok=True)
