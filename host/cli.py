@@ -32,6 +32,16 @@ def main(argv: list[str] | None = None) -> int:
                      help="with --backend sim: dump waveforms (a separate traced build)")
     run.add_argument("--sim-loss", type=float, default=0.0,
                      help="with --backend sim: fraction of frames the simulated switch drops")
+    run.add_argument("--sim-ranks", default=None, metavar="LIST",
+                     help="a mixed run: these ranks (e.g. 2,3) drive simulated HDL nodes, the "
+                          "others run the software backend, bridged over UDP")
+    run.add_argument("--bridge-loss", type=float, default=0.0,
+                     help="with --sim-ranks: fraction of bridged frames dropped (seeded)")
+    run.add_argument("--bridge-pcap", default=None,
+                     help="with --sim-ranks: write every bridged frame to this pcap")
+    run.add_argument("--tap", default=None, metavar="IFNAME",
+                     help="with --sim-ranks, as root: mirror the bridged frames to a TAP "
+                          "interface, for tshark/tcpdump -i IFNAME")
     run.add_argument("cmd", nargs="*", help=argparse.SUPPRESS)
 
     from .bench import add_arguments
@@ -57,7 +67,9 @@ def main(argv: list[str] | None = None) -> int:
         from .launcher import run as launch
         return launch(args.nprocs, list(args.cmd) + rest, pcap=args.pcap, impair=args.impair,
                       deadline_s=args.deadline, timeout_s=args.timeout,
-                      backend=args.backend, waves=args.waves, sim_loss=args.sim_loss)
+                      backend=args.backend, waves=args.waves, sim_loss=args.sim_loss,
+                      sim_ranks=_ranks(args.sim_ranks, parser), bridge_loss=args.bridge_loss,
+                      bridge_pcap=args.bridge_pcap, tap=args.tap)
     if args.command == "bench":
         from .bench import main as bench_main
         return bench_main(args)
@@ -69,6 +81,16 @@ def main(argv: list[str] | None = None) -> int:
         return bench_main(bargs)
     parser.error(f"unknown command {args.command}")
     return 2
+
+
+def _ranks(text: str | None, parser: argparse.ArgumentParser) -> list[int] | None:
+    if text is None:
+        return None
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        parser.error(f"--sim-ranks {text!r}: a comma-separated list of ranks, e.g. 2,3")
+        return None
 
 
 if __name__ == "__main__":

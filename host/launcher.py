@@ -9,6 +9,7 @@ merged into one file when the run ends. Multi-host runs use the site's launcher
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -41,9 +42,19 @@ def rank_env(rank: int, world: int, port: int, extra: dict[str, str] | None = No
     return env
 
 
+MIXED_RTO_S = 1.0
+"""Retransmit timeout of the software ranks of a mixed run: a simulated node answers in
+simulated cycles, tens of milliseconds of wall time, so the software default (50 ms)
+would resend most packets."""
+MIXED_MTU = 1024
+"""MTU of the software ranks of a mixed run: the simulated nodes' (``mtu_log2`` 10)."""
+
+
 def run(nprocs: int, cmd: list[str], *, pcap: str | None = None, impair: str | None = None,
         deadline_s: float | None = None, timeout_s: float | None = None,
-        backend: str = "software", waves: bool = False, sim_loss: float = 0.0) -> int:
+        backend: str = "software", waves: bool = False, sim_loss: float = 0.0,
+        sim_ranks: list[int] | None = None, bridge_loss: float = 0.0,
+        bridge_pcap: str | None = None, tap: str | None = None) -> int:
     """Run ``cmd`` as ``nprocs`` ranks; the exit status is the first failing rank's.
 
     ``backend="sim"`` first starts the simulation server (:mod:`fpgaccl.sim.server`) and
@@ -51,7 +62,22 @@ def run(nprocs: int, cmd: list[str], *, pcap: str | None = None, impair: str | N
     ``fpgaccl.init()`` connects each rank to node ``rank`` of the simulated cluster; the
     server prints the run summary when the ranks are done. ``sim_loss`` is the fraction
     of frames the simulated switch drops (its seeded ``loss`` register).
+
+    ``sim_ranks`` (a mixed run): those ranks drive simulated nodes, the others run the
+    software backend, in one world; the server bridges the simulated switch to the
+    software ranks' sockets (:mod:`fpgaccl.sim.bridge`), dropping ``bridge_loss`` of the
+    bridged frames, writing them to ``bridge_pcap`` and, as root, mirroring them to the
+    TAP interface ``tap``. ``pcap`` then merges the software ranks' captures with the
+    frames the simulated nodes sent them.
     """
+    if sim_ranks:
+        return _run_mixed(nprocs, cmd, sorted(set(sim_ranks)), pcap=pcap, impair=impair,
+                          deadline_s=deadline_s, timeout_s=timeout_s, waves=waves,
+                          sim_loss=sim_loss, bridge_loss=bridge_loss, bridge_pcap=bridge_pcap,
+                          tap=tap)
+    if bridge_loss or bridge_pcap or tap:
+        print("fpgaccl run: --bridge-loss/--bridge-pcap/--tap need --sim-ranks", file=sys.stderr)
+        return 2
     server = None
     if backend == "sim":
         from fpgaccl.host.sim_backend import SIM_MAX_NODES
@@ -88,9 +114,75 @@ def run(nprocs: int, cmd: list[str], *, pcap: str | None = None, impair: str | N
                 timeout_s=timeout_s)
 
 
+def _run_mixed(nprocs: int, cmd: list[str], sim_ranks: list[int], *, pcap: str | None,
+               impair: str | None, deadline_s: float | None, timeout_s: float | None,
+               waves: bool, sim_loss: float, bridge_loss: float, bridge_pcap: str | None,
+               tap: str | None) -> int:
+    from fpgaccl.host.sim_backend import BRIDGE_ENV, SIM_MAX_NODES, SIM_RANKS_ENV
+    if nprocs > SIM_MAX_NODES:
+        print(f"fpgaccl run: a mixed run has at most {SIM_MAX_NODES} ranks (the simulated "
+              f"switch's ports), not {nprocs}", file=sys.stderr)
+        return 2
+    if not all(0 <= r < nprocs for r in sim_ranks):
+        print(f"fpgaccl run: --sim-ranks {sim_ranks} are not all ranks of -n {nprocs}",
+              file=sys.stderr)
+        return 2
+    if impair:
+        print("fpgaccl run: --impair is a software-link option; a mixed run's bridged "
+              "links take --bridge-loss", file=sys.stderr)
+        return 2
+    if not cmd:
+        print("fpgaccl run: no command given", file=sys.stderr)
+        return 2
+    if tap and os.geteuid() != 0:
+        print(f"fpgaccl run: --tap {tap} needs root", file=sys.stderr)
+        return 2
+    tmp = tempfile.TemporaryDirectory(prefix="fpgaccl-pcap-") if pcap else None
+    opts: dict[str, Any] = {"loss": bridge_loss, "tap": tap}
+    if bridge_pcap:
+        opts["pcap"] = str(Path(bridge_pcap).resolve())
+    elif tmp is not None:
+        # The software ranks capture what they send; the bridge adds what the nodes send.
+        opts.update(pcap=str(Path(tmp.name) / "rank-bridge.pcap"), pcap_inbound=False)
+    from fpgaccl.sim.server import ServerProcess
+    print(f"fpgaccl run: ranks {','.join(map(str, sim_ranks))} on simulated nodes, the "
+          "others on the software backend; starting the simulation server", file=sys.stderr)
+    # The server's cocotb process reads the bridge options from its environment.
+    server = ServerProcess(waves=waves, loss=round(sim_loss * 65536),
+                           env={BRIDGE_ENV: json.dumps(opts)})
+    try:
+        sock = server.wait_ready()
+    except Exception as e:
+        print(f"fpgaccl run: {e}", file=sys.stderr)
+        return 1
+    sims = ",".join(map(str, sim_ranks))
+    per_rank = {}
+    for r in range(nprocs):
+        if r in sim_ranks:
+            per_rank[r] = {"FPGACCL_BACKEND": "sim", "FPGACCL_SIM_SOCKET": sock,
+                           SIM_RANKS_ENV: sims}
+        else:
+            per_rank[r] = {"FPGACCL_BACKEND": "software",
+                           "FPGACCL_RTO_S": os.environ.get("FPGACCL_RTO_S", str(MIXED_RTO_S)),
+                           "FPGACCL_MTU": os.environ.get("FPGACCL_MTU", str(MIXED_MTU))}
+    try:
+        return _run(nprocs, cmd, pcap=pcap, impair=None, deadline_s=deadline_s,
+                    timeout_s=timeout_s, per_rank=per_rank, pcap_dir=tmp, before_merge=server.stop)
+    finally:
+        server.stop()
+        if tmp is not None:
+            tmp.cleanup()
+        summary = Path(server.dir) / "summary.json"
+        if summary.exists():
+            b = json.loads(summary.read_text()).get("bridge") or {}
+            print("fpgaccl run: bridge: " + (", ".join(f"{k}={v}" for k, v in sorted(b.items()))
+                                             or "no frames"), file=sys.stderr)
+
+
 def _run(nprocs: int, cmd: list[str], *, pcap: str | None, impair: str | None,
          deadline_s: float | None, timeout_s: float | None,
-         extra: dict[str, str] | None = None) -> int:
+         extra: dict[str, str] | None = None, per_rank: dict[int, dict[str, str]] | None = None,
+         pcap_dir: Any = None, before_merge: Any = None) -> int:
     if nprocs < 1:
         print("fpgaccl run: -n must be at least 1", file=sys.stderr)
         return 2
@@ -100,15 +192,16 @@ def _run(nprocs: int, cmd: list[str], *, pcap: str | None, impair: str | None,
         return 2
     port = free_port()
     extra = dict(extra or {})
-    tmp = None
+    tmp = pcap_dir
     if pcap:
-        tmp = tempfile.TemporaryDirectory(prefix="fpgaccl-pcap-")
+        tmp = tmp or tempfile.TemporaryDirectory(prefix="fpgaccl-pcap-")
         extra["FPGACCL_PCAP_DIR"] = tmp.name
     if impair:
         extra["FPGACCL_IMPAIR"] = impair
     if deadline_s:
         extra["FPGACCL_DEADLINE_S"] = str(deadline_s)
-    procs = [subprocess.Popen(cmd, env=rank_env(r, nprocs, port, extra),
+    procs = [subprocess.Popen(cmd, env=rank_env(r, nprocs, port,
+                                                {**extra, **(per_rank or {}).get(r, {})}),
                               stdout=subprocess.PIPE)
              for r in range(nprocs)]
     # Whole lines only: ranks sharing one stdout pipe interleave mid-line otherwise.
@@ -156,9 +249,13 @@ def _run(nprocs: int, cmd: list[str], *, pcap: str | None, impair: str | None,
         rc = 130
     for t in pumps:
         t.join(5)
+    if before_merge is not None:
+        before_merge()  # e.g. the simulation server, which closes its capture at exit
     if pcap and tmp is not None:
         files = sorted(Path(tmp.name).glob("rank*.pcap"))
         n = pcapmod.merge(files, pcap)
-        print(f"fpgaccl run: {n} frames from {len(files)} rank(s) -> {pcap}", file=sys.stderr)
-        tmp.cleanup()
+        print(f"fpgaccl run: {n} frames from {len(files)} capture(s) -> {pcap}",
+              file=sys.stderr)
+        if pcap_dir is None:
+            tmp.cleanup()
     return rc

@@ -22,15 +22,30 @@ IN and OUT travel through the memory backdoor one 64-bit word per clock, driven 
 Python (roughly 10-30k words per wall second): keep simulated collectives to a few
 thousand elements per call. Async calls complete before they return.
 
+Mixed runs (``fpgaccl run -n 4 --sim-ranks 2,3``): the ranks listed drive simulated
+nodes, the others run the software backend, and all of them make one world. A simulated
+rank then also takes part in the software ranks' TCP rendezvous (MASTER_ADDR/PORT),
+advertising its node as a software engine advertises itself: the node's IP (the
+loopback address the rank would have bound on the software backend), port 4791, QPN
+``0x100 + peer``, its PSNs, and its memory key and IN/OUT/TMP/TMP2 addresses. The server
+programs the node from the table and bridges the switch ports of the software ranks to
+their UDP sockets (:mod:`fpgaccl.sim.bridge`). Both backends cut the same segments
+(``stage_bytes``: the smallest advertised) with the same ``coll_id`` numbers, so a
+collective spans both. Only library programs cross: barrier, send/recv and the host
+schedules (``tree``, alltoallv) have none, and raise UnsupportedError on the simulated
+ranks (a one-element allreduce synchronises a mixed world).
+
 Wire format (both directions): ``>II`` header length and payload length, a JSON header,
 then the raw payload. Requests: ``hello {node, world}``, ``collective {seq, coll_id,
 name, count, dtype, writes, out_bytes}`` + IN bytes, ``barrier {seq}``, ``stats``,
-``shutdown``; replies carry ``ok`` or ``error``/``detail``.
+``shutdown``, and for mixed runs ``hello {node, world, sim_ranks, ip}`` and ``connect
+{table}``; replies carry ``ok`` or ``error``/``detail``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import json
 import os
 import socket
@@ -50,14 +65,19 @@ from fpgaccl.errors import (
     UnsupportedError,
 )
 from fpgaccl.proto.isa import Buf, Instr, assemble
+from fpgaccl.proto.opcodes import ROCEV2_UDP_PORT
 from fpgaccl.proto.reduce import DType, ReduceOp
 from fpgaccl.proto.regmap import default_map
 
 from .buffers import UserBuffer
-from .communicator import Communicator
-from .csr_plan import collective_writes
+from .communicator import Communicator, loopback_ip
+from .csr_plan import QPN_BASE, collective_writes
 
 SOCKET_ENV = "FPGACCL_SIM_SOCKET"
+SIM_RANKS_ENV = "FPGACCL_SIM_RANKS"
+"""Mixed runs: the comma-separated ranks that drive simulated nodes."""
+BRIDGE_ENV = "FPGACCL_SIM_BRIDGE"
+"""Mixed runs: the server's bridge options (JSON: loss, seed, pcap, pcap_inbound, tap)."""
 SIM_MAX_NODES = 4
 """Nodes of the standard cluster (:func:`fpgaccl.sim.hdl.cluster.build_standard`)."""
 SIM_STAGE_BYTES = 1 << 20
@@ -141,7 +161,9 @@ class SimCommunicator(Communicator):
     def __init__(self, rank: int, world_size: int, backend: str = "sim", *,
                  sim_socket: str | None = None, deadline_s: float = 600.0,
                  stage_bytes: int = SIM_STAGE_BYTES, rendezvous_timeout_s: float = 600.0,
-                 pcap: Any = None, impair: Any = None, **_software_only: Any) -> None:
+                 pcap: Any = None, impair: Any = None, sim_ranks: Any = None,
+                 master_addr: str | None = None, master_port: int | None = None,
+                 **_software_only: Any) -> None:
         if not isinstance(world_size, int) or world_size < 1:
             raise InvalidArgumentError("world_size", f"{world_size!r} must be a positive int")
         if world_size > SIM_MAX_NODES:
@@ -151,9 +173,6 @@ class SimCommunicator(Communicator):
             raise InvalidArgumentError("rank", f"{rank!r} is outside 0..{world_size - 1}")
         if deadline_s <= 0:
             raise InvalidArgumentError("deadline_s", "must be positive")
-        if pcap:
-            raise UnsupportedError("pcap", "the sim backend's wire is inside the simulation; "
-                                   "record it with `fpgaccl run --backend sim --waves`")
         if impair:
             raise UnsupportedError("impair", "the sim backend's links are the HDL switch's "
                                    "(its loss register), not host-side impairments")
@@ -162,6 +181,20 @@ class SimCommunicator(Communicator):
             raise BackendUnavailableError(
                 f"backend 'sim' needs a simulation server: start the ranks with "
                 f"`fpgaccl run -n N --backend sim -- ...` or set {SOCKET_ENV}")
+        if sim_ranks is None and os.environ.get(SIM_RANKS_ENV):
+            sim_ranks = [int(x) for x in os.environ[SIM_RANKS_ENV].split(",") if x.strip()]
+        if sim_ranks is not None:
+            sim_ranks = sorted({int(x) for x in sim_ranks})
+            if rank not in sim_ranks or not all(0 <= x < world_size for x in sim_ranks):
+                raise InvalidArgumentError("sim_ranks", f"{sim_ranks} must be ranks of the "
+                                           f"world of {world_size} and include rank {rank}")
+            if sim_ranks == list(range(world_size)):
+                sim_ranks = None  # every rank simulated: the plain sim backend
+        if pcap and sim_ranks is None:
+            raise UnsupportedError("pcap", "the sim backend's wire is inside the simulation; "
+                                   "record it with `fpgaccl run --backend sim --waves`")
+        # (In a mixed run the bridge records what this rank's node sends: see --pcap.)
+        self.sim_ranks = sim_ranks
         self.rank, self.world_size, self.backend = rank, world_size, "sim"
         self.deadline_s = deadline_s
         self.link = None
@@ -183,9 +216,22 @@ class SimCommunicator(Communicator):
                     raise BackendUnavailableError(f"no simulation server at {path}: {e}") from e
                 time.sleep(0.1)
         self._sock.settimeout(rendezvous_timeout_s)
+        hello = {"op": "hello", "node": rank, "world": world_size}
+        if sim_ranks is not None:
+            master_addr = master_addr or os.environ.get("MASTER_ADDR", "127.0.0.1")
+            master_port = int(master_port or os.environ.get("MASTER_PORT", 29500))
+            ip = os.environ.get("FPGACCL_BIND_IP")
+            if ip is None:
+                if not ipaddress.ip_address(socket.gethostbyname(master_addr)).is_loopback:
+                    raise UnsupportedError("sim_ranks", "mixed runs bridge simulated nodes "
+                                           "to software ranks on this host only (loopback)")
+                ip = loopback_ip(master_port, rank)
+            hello.update(sim_ranks=sim_ranks, ip=ip)
         try:
-            head, _ = self._call({"op": "hello", "node": rank, "world": world_size}, b"",
-                                 "init", rendezvous_timeout_s)
+            head, _ = self._call(hello, b"", "init", rendezvous_timeout_s)
+            if sim_ranks is not None:
+                stage_bytes = self._join(head, hello["ip"], master_addr, master_port,
+                                         rendezvous_timeout_s)
         except BaseException:
             self._sock.close()
             raise
@@ -198,6 +244,25 @@ class SimCommunicator(Communicator):
         self.imem_words = int(head["imem_words"])
         self.rmap = default_map(qps=int(head["qps"]), imem_words=self.imem_words)
         self.region = _Region(self.stage_bytes)
+
+    def _join(self, head: dict, ip: str, master_addr: str, master_port: int,
+               timeout: float) -> int:
+        """Mixed runs: the software ranks' rendezvous, on behalf of this rank's node, then
+        the node's connection from the table. Returns the world's segment size."""
+        from .rendezvous import exchange
+        rng = np.random.default_rng()
+        qps = {str(p): {"qpn": QPN_BASE + p, "psn": int(rng.integers(0, 1 << 24)),
+                        # The node has no per-peer receive ring (send/recv schedules).
+                        "va": 0, "rkey": 0}
+               for p in range(self.world_size) if p != self.rank}
+        info = {"ip": ip, "port": ROCEV2_UDP_PORT, "qps": qps, "backend": "sim",
+                "coll": {"key": int(head["key"]), "buffers": [int(b) for b in head["buffers"]],
+                         "stage_bytes": int(head["stage_bytes"])}}
+        table = exchange(self.rank, self.world_size,
+                         (socket.gethostbyname(master_addr), master_port), info, timeout)
+        self._call({"op": "connect", "table": table}, b"", "init", timeout)
+        # The software ranks cut segments from the smallest advertised region: so do we.
+        return min(int(t["coll"]["stage_bytes"]) for t in table)
 
     # ------------------------------------------------------------------ transport
     def _call(self, header: dict, payload: bytes, name: str, timeout: float
@@ -290,6 +355,10 @@ class SimCommunicator(Communicator):
 
     def barrier(self, *, async_op: bool = False) -> Any:
         self._check_open()
+        if self.sim_ranks is not None:
+            raise UnsupportedError("barrier", "a mixed world's barrier would need the "
+                                   "software ranks' ring schedule, which the simulated "
+                                   "nodes lack; a one-element allreduce synchronises")
         self._call({"op": "barrier", "seq": self._next_seq()}, b"", "barrier", self.deadline_s)
         return SimHandle(None) if async_op else None
 
@@ -300,13 +369,16 @@ class SimCommunicator(Communicator):
         head.pop("ok", None)
         return head
 
+    def _node_stats(self, s: dict[str, Any]) -> dict[str, Any]:
+        # A mixed run's summary lists the simulated ranks' nodes only.
+        return next(n for n in s["per_node"] if n["node"] == self.rank)
+
     def drop_counters(self) -> dict[str, int]:
-        node = self.sim_stats()["per_node"][self.rank]
-        return dict(node["drops"])
+        return dict(self._node_stats(self.sim_stats())["drops"])
 
     def stats(self) -> dict[str, int]:
         s = self.sim_stats()
-        return {"cycles": s["cycles"], "retransmits": s["per_node"][self.rank]["retransmits"],
+        return {"cycles": s["cycles"], "retransmits": self._node_stats(s)["retransmits"],
                 "switch_dropped": s["switch_dropped"], "last_cycles": self.last_cycles,
                 "total_cycles": self.total_cycles}
 

@@ -194,7 +194,10 @@ class UdpBridge:
         except OSError as e:
             # The rank behind that address is gone, or the kernel's queue is full: a lost
             # frame, which the transport recovers or the collective's deadline reports.
-            self.stats["refused" if e.errno == errno.ECONNREFUSED else "send_errors"] += 1
+            if e.errno == errno.ECONNREFUSED:
+                self.stats["refused"] += 1
+            else:
+                self.stats[f"send_error_{errno.errorcode.get(e.errno, e.errno)}"] += 1
 
     def poll(self, limit: int = 64) -> list[tuple[int, bytes]]:
         """Datagrams waiting on the nodes' sockets as ``(switch port, frame)``: the

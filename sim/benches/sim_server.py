@@ -13,6 +13,20 @@ time passes then, so ``cycles`` counts engine and bus work only.
 
 Frame format and message fields: :mod:`fpgaccl.host.sim_backend`. At exit it writes the
 run summary (cycles, frames, drops by reason, retransmissions) to ``params["summary"]``.
+
+Mixed runs (``fpgaccl run --sim-ranks``): only some ranks of the world are simulated
+nodes; the others are software-backend engines on real UDP sockets. A simulated rank's
+``hello`` then names the world's ``sim_ranks`` and the node's IP; the server binds that
+IP's port 4791 in the :class:`fpgaccl.sim.bridge.UdpBridge`, answers with the node's
+buffers and key, and the rank joins the software ranks' TCP rendezvous. With the table
+(``connect {table}``) the server programs the node's QPs and peers with the real
+addresses, PSNs, buffers and keys, and hands the software ranks' switch ports to the
+bridge (the cluster's ``external`` register). A collective starts when every simulated
+rank has submitted it. While ranks are connected the server moves frames between the
+switch's external ports and the bridge between clock batches, and keeps the clock
+running for :data:`TAIL` cycles after the last bridged frame (retransmission timers
+and coalesced ACKs need simulated time). Bridge options come from the environment
+(``FPGACCL_SIM_BRIDGE``, JSON: ``loss``, ``seed``, ``pcap``, ``pcap_inbound``, ``tap``).
 """
 
 from __future__ import annotations
@@ -26,17 +40,88 @@ import socket
 import time
 
 import cocotb
-from cocotb.triggers import ClockCycles
+from cocotb.triggers import ClockCycles, RisingEdge
 
-from fpgaccl.host.csr_plan import connect_writes, doorbell
-from fpgaccl.host.sim_backend import FrameReader, encode
+from fpgaccl.host.csr_plan import Peer, connect_writes, doorbell
+from fpgaccl.host.sim_backend import BRIDGE_ENV, FrameReader, encode
+from fpgaccl.hw.stream.beat import beat_layout
 from fpgaccl.proto.regmap import ENGINE_ID
 from fpgaccl.sim import bench_params
+from fpgaccl.sim.bridge import UdpBridge, ip_int
+from fpgaccl.sim.hdl.switch import node_mac
+from fpgaccl.sim.models.stream import beats_to_frame, frame_to_beats, pack, unpack
 
 from .cluster_tb import TB
 
 BATCH = 64
 """Clock cycles between two polls of the socket and of the nodes' ``busy``."""
+TAIL = 3 * 4096
+"""Mixed runs: cycles the clock keeps running after the last bridged frame, so that a
+node's retransmission timer (4096 cycles) can fire and its ACKs go out."""
+PUMP_FRAMES = 16
+"""Mixed runs: frames taken from each external port per pass of the server's loop."""
+BRIDGE = object()
+"""Selector data of the bridge's sockets (the listening socket's is None)."""
+KEY_BASE = 0x1000
+"""Memory key of node ``k``: ``KEY_BASE + k`` (as :meth:`TB.peers` advertises it)."""
+
+
+class ExternalPort:
+    """Switch port ``p``'s external streams (``xrx{p}`` into the switch, ``xtx{p}`` out),
+    a frame at a time.
+
+    Measured with the GPI clock the bench uses: a value read after ``RisingEdge`` is
+    this cycle's (what the flops took at that edge), but a value written then reaches
+    the design one edge late: it is first sampled at the edge after next. So ``ready``
+    is written a cycle ahead of the beats it should take, and each beat is driven once
+    the design showed ``ready`` for the one before. ``valid`` and ``ready`` of these
+    streams never depend on the other side's signal (FIFOs of the registered top).
+    """
+
+    def __init__(self, dut, p, width):
+        self.clk, self.width = dut.clk, width
+        self.layout = beat_layout(width)
+        self.i_payload, self.i_valid, self.i_ready = (
+            getattr(dut, f"xrx{p}__{n}") for n in ("payload", "valid", "ready"))
+        self.o_payload, self.o_valid, self.o_ready = (
+            getattr(dut, f"xtx{p}__{n}") for n in ("payload", "valid", "ready"))
+        self.i_valid.value = 0
+        self.o_ready.value = 0
+
+    def pending(self):
+        return bool(int(self.o_valid.value))
+
+    async def recv(self):
+        beats = []
+        applies = 0          # the `ready` the design samples at the coming edge
+        self.o_ready.value = written = 1
+        while True:
+            v = int(self.o_valid.value)
+            beat = unpack(self.layout, int(self.o_payload.value)) if v else None
+            moves = v and applies
+            if moves and beat["last"]:
+                self.o_ready.value = written = 0   # from the edge after this one
+            await RisingEdge(self.clk)
+            applies = written
+            if moves:
+                beats.append(beat)
+                if beat["last"]:
+                    return beats_to_frame(beats, self.width)
+
+    async def send(self, frame):
+        beats = frame_to_beats(frame, self.width)
+        self.i_payload.value, self.i_valid.value = pack(self.layout, beats[0]), 1
+        await RisingEdge(self.clk)
+        # From here on the design sees beat k; it takes it at the coming edge if ready.
+        k = 0
+        while k < len(beats):
+            if int(self.i_ready.value):
+                k += 1
+                if k < len(beats):
+                    self.i_payload.value = pack(self.layout, beats[k])
+                else:
+                    self.i_valid.value = 0
+            await RisingEdge(self.clk)
 
 
 class Client:
@@ -70,6 +155,11 @@ class Server:
         self.gone = set()         # nodes whose rank left: collectives needing them fail
         self.drops_total = [{} for _ in range(self.tb.nodes)]
         self.stop = False
+        # Mixed runs: the simulated ranks, the bridge and the switch ports it serves.
+        self.sim_ranks = None
+        self.bridge = None
+        self.ports = {}           # external switch port -> ExternalPort
+        self.tail = 0             # cycles to keep clocking for the bridge
 
     # ---------------------------------------------------------------- requests
     async def handle(self, client, h, payload):
@@ -88,9 +178,11 @@ class Server:
             key = (kind, h["seq"])
             group = self.pending.setdefault(key, {})
             group[client.node] = (client, h, payload)
-            if len(group) == self.world:
+            if len(group) == (self.world if self.sim_ranks is None else len(self.sim_ranks)):
                 del self.pending[key]
                 await self.start(kind, group)
+        elif kind == "connect":
+            await self.connect(client, h)
         elif kind == "stats":
             client.reply({"ok": True, **(await self.summary())})
         elif kind == "shutdown":
@@ -100,6 +192,9 @@ class Server:
 
     async def hello(self, client, h):
         node, world = int(h["node"]), int(h["world"])
+        if h.get("sim_ranks") is not None:
+            await self.hello_mixed(client, h, node, world)
+            return
         if world > self.tb.nodes or (self.world is not None and world != self.world):
             client.reply({"error": "world_size", "detail":
                           f"{world} ranks; this cluster has {self.tb.nodes} nodes"
@@ -128,20 +223,96 @@ class Server:
                      "buffers": self.bufs, "qps": self.p["qps"],
                      "imem_words": self.p["imem_words"], "clock_ns": self.p.get("clock_ns", 4)})
 
+    # ---------------------------------------------------------------- mixed runs
+    async def hello_mixed(self, client, h, node, world):
+        sim_ranks = sorted(int(r) for r in h["sim_ranks"])
+        if world > self.tb.nodes or (self.world is not None and world != self.world) or (
+                self.sim_ranks is not None and sim_ranks != self.sim_ranks):
+            client.reply({"error": "world_size", "detail":
+                          f"{world} ranks (simulated: {sim_ranks}); this cluster has "
+                          f"{self.tb.nodes} nodes" + (f" and a world of {self.world} "
+                                                      f"(simulated: {self.sim_ranks})"
+                                                      if self.world else "")})
+            return
+        if node in self.clients or node not in sim_ranks:
+            client.reply({"error": "rank", "detail": f"node {node} is taken or not one of "
+                          f"the simulated ranks {sim_ranks}"})
+            return
+        if self.bridge is None:
+            opts = json.loads(os.environ.get(BRIDGE_ENV) or "{}")
+            self.bridge = UdpBridge(loss=float(opts.get("loss", 0.0)),
+                                    seed=int(opts.get("seed", 1)), pcap=opts.get("pcap"),
+                                    pcap_inbound=bool(opts.get("pcap_inbound", True)),
+                                    tap=opts.get("tap"))
+        try:
+            self.bridge.host(node, h["ip"])
+        except OSError as e:
+            client.reply({"error": "bridge", "detail": f"node {node}: cannot bind "
+                          f"{h['ip']}:4791 for the bridge: {e}"})
+            return
+        self.world, self.sim_ranks = world, sim_ranks
+        client.node = node
+        self.clients[node] = client
+        self.ever = True
+        client.reply({"ok": True, "nodes": self.tb.nodes, "stage_bytes": self.stage_bytes,
+                      "buffers": self.bufs, "qps": self.p["qps"], "key": KEY_BASE + node,
+                      "imem_words": self.p["imem_words"], "clock_ns": self.p.get("clock_ns", 4)})
+
+    async def connect(self, client, h):
+        """Program node ``client.node`` from the world's rendezvous table."""
+        k, table = client.node, h["table"]
+        if k is None or self.sim_ranks is None:
+            client.reply({"error": "protocol", "detail": "connect before a mixed hello"})
+            return
+        peers = [Peer(node_mac(p), ip_int(t["ip"]), int(t["coll"]["key"]),
+                      [int(b) for b in t["coll"]["buffers"]]) for p, t in enumerate(table)]
+        await self.tb.csr_write(k, connect_writes(
+            self.rmap, k, peers, psn=lambda a, b: int(table[a]["qps"][str(b)]["psn"]),
+            mem_base=0, mem_len=4 * self.bufs[1], mtu_log2=self.p.get("mtu_log2", 10)))
+        external = 0
+        for p, t in enumerate(table):
+            if p in self.sim_ranks:
+                continue
+            external |= 1 << p
+            self.bridge.route(p, t["ip"])
+            if p not in self.ports:
+                self.ports[p] = ExternalPort(self.dut, p, self.tb.width)
+        self.dut.external.value = external
+        client.reply({"ok": True})
+
+    async def pump_bridge(self):
+        """Frames out of the external ports to the bridge, the bridge's into the switch:
+        True if any moved."""
+        moved = False
+        for port in self.ports.values():
+            # A bounded number: a node retransmitting to a departed rank sends without
+            # end, and the server must get back to its sockets (shutdown, deadlines).
+            for _ in range(PUMP_FRAMES):
+                if not port.pending():
+                    break
+                self.bridge.from_sim(await port.recv())
+                moved = True
+        for p, frame in self.bridge.poll():
+            await self.ports[p].send(frame)
+            moved = True
+        if moved:
+            self.tail = TAIL
+        return moved
+
     async def start(self, kind, group):
         if kind == "barrier":
             for client, _, _ in group.values():
                 client.reply({"ok": True})
             return
         heads = {k: h for k, (_, h, _) in group.items()}
-        ref = heads[0]
+        ref = heads[min(heads)]
         for k, h in heads.items():
             for f in ("count", "dtype", "name"):
                 if h[f] != ref[f]:
                     for client, _, _ in group.values():
                         client.reply({"error": "mismatch", "detail":
-                                      f"rank {k} called {h['name']} {f}={h[f]!r}, rank 0 "
-                                      f"{ref['name']} {f}={ref[f]!r}"})
+                                      f"rank {k} called {h['name']} {f}={h[f]!r}, rank "
+                                      f"{min(heads)} {ref['name']} {f}={ref[f]!r}"})
                     return
         for k, (_, h, payload) in sorted(group.items()):
             await self.tb.mem_write(k, self.bufs[0], payload)
@@ -205,7 +376,7 @@ class Server:
         world = self.world or 0
         drops = {}
         per_node = []
-        for k in range(world):
+        for k in range(world) if self.sim_ranks is None else self.sim_ranks:
             node = {}
             for reg in self.rmap["drops"].registers:
                 v = await self.tb.csr_read(k, self.rmap.address(f"drops.{reg.name}"))
@@ -218,7 +389,9 @@ class Server:
                     retries += await self.tb.csr_read(k, self.rmap.address("qp.retries", p))
             per_node.append({"node": k, "retransmits": retries,
                              "drops": {n: v for n, v in node.items() if v}})
-        return {"nodes": self.tb.nodes, "world": world,
+        bridge = dict(self.bridge.stats) if self.bridge is not None else {}
+        return {"nodes": self.tb.nodes, "world": world, "sim_ranks": self.sim_ranks,
+                "bridge": bridge,
                 "cycles": int(self.dut.cycles.value),
                 "clock_ns": self.p.get("clock_ns", 4),
                 "switch_dropped": int(self.dut.dropped.value),
@@ -235,6 +408,7 @@ async def serve(dut):
     await tb.reset()
     assert await tb.csr_read(0, tb.rmap.address("ctrl.id")) == ENGINE_ID
     dut.loss.value = p.get("loss", 0)
+    dut.external.value = 0
     path = p["socket"]
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
@@ -245,14 +419,22 @@ async def serve(dut):
     os.replace(path + ".tmp", path)  # the socket appears only once it accepts
     sel = selectors.DefaultSelector()
     sel.register(lsock, selectors.EVENT_READ)
+    registered = set()
     idle_since = time.monotonic()
     idle_limit = p.get("idle_timeout_s", 600)
     try:
         while not srv.stop:
-            busy = bool(srv.running)
+            if srv.ports:
+                for s in srv.bridge.sockets():
+                    if s not in registered:
+                        sel.register(s, selectors.EVENT_READ, BRIDGE)
+                        registered.add(s)
+            busy = bool(srv.running) or srv.tail > 0
             events = sel.select(timeout=0 if busy else 0.05)
             work = []
             for key, _ in events:
+                if key.data is BRIDGE:
+                    continue  # pump_bridge reads it
                 if key.fileobj is lsock:
                     conn, _ = lsock.accept()
                     conn.setblocking(False)
@@ -275,13 +457,19 @@ async def serve(dut):
                     work.append((client, h, payload))
             for client, h, payload in work:
                 await srv.handle(client, h, payload)
-            if srv.running:
+            if srv.ports:
+                await srv.pump_bridge()
+            if srv.running or srv.tail > 0:
                 await ClockCycles(dut.clk, BATCH)
+                srv.tail = max(0, srv.tail - BATCH)
                 await srv.poll_running()
+            if srv.ports:
+                await srv.pump_bridge()
             if events or srv.running:
                 idle_since = time.monotonic()
-            # Every rank came and went: the run is over.
-            if srv.ever and not srv.clients and not srv.hellos:
+            # Every rank came and went: the run is over. (Mixed runs end on the launcher's
+            # shutdown: the software ranks may still need the nodes' answers.)
+            if srv.ever and not srv.clients and not srv.hellos and srv.sim_ranks is None:
                 break
             if time.monotonic() - idle_since > idle_limit:
                 dut._log.warning("sim server: idle for %s s, stopping", idle_limit)
@@ -293,5 +481,7 @@ async def serve(dut):
                 json.dump(summary, f)
         sel.close()
         lsock.close()
+        if srv.bridge is not None:
+            srv.bridge.close()
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
