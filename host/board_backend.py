@@ -39,6 +39,7 @@ from fpgaccl.proto.queues import Opcode, Space, node_addr, work_imm
 from fpgaccl.proto.regmap import default_map
 
 from .board_device import SimDevice
+from .communicator import check_world
 from .csr_plan import Peer, connect_writes
 from .driver import QueueDriver, check_completion
 from .rendezvous import exchange
@@ -60,12 +61,7 @@ class BoardCommunicator(SimCommunicator):
                  stage_bytes: int = BOARD_STAGE_BYTES, master_addr: str | None = None,
                  master_port: int | None = None, rendezvous_timeout_s: float = 600.0,
                  pcap: Any = None, impair: Any = None, **_software_only: Any) -> None:
-        if not isinstance(world_size, int) or world_size < 1:
-            raise InvalidArgumentError("world_size", f"{world_size!r} must be a positive int")
-        if not isinstance(rank, int) or not 0 <= rank < world_size:
-            raise InvalidArgumentError("rank", f"{rank!r} is outside 0..{world_size - 1}")
-        if deadline_s <= 0:
-            raise InvalidArgumentError("deadline_s", "must be positive")
+        check_world(rank, world_size, deadline_s)
         if memory not in ("host", "gpu"):
             raise InvalidArgumentError("memory", f"{memory!r} is not 'host' or 'gpu'")
         if pcap or impair:

@@ -114,6 +114,16 @@ def loopback_ip(master_port: int, rank: int) -> str:
     return f"127.{(master_port >> 8) & 0xFF}.{master_port & 0xFF}.{rank + 1}"
 
 
+def check_world(rank: int, world_size: int, deadline_s: float) -> None:
+    """The arguments every backend's constructor takes, checked alike."""
+    if not isinstance(world_size, int) or world_size < 1:
+        raise InvalidArgumentError("world_size", f"{world_size!r} must be a positive int")
+    if not isinstance(rank, int) or not 0 <= rank < world_size:
+        raise InvalidArgumentError("rank", f"{rank!r} is outside 0..{world_size - 1}")
+    if deadline_s <= 0:
+        raise InvalidArgumentError("deadline_s", "must be positive")
+
+
 class Communicator:
     """``world_size`` ranks joined by one RC queue pair per peer.
 
@@ -143,12 +153,7 @@ class Communicator:
             raise BackendUnavailableError(
                 f"backend {backend!r} is not available from the host runtime yet; "
                 "use backend='software', 'sim' or 'board'")
-        if not isinstance(world_size, int) or world_size < 1:
-            raise InvalidArgumentError("world_size", f"{world_size!r} must be a positive int")
-        if not isinstance(rank, int) or not 0 <= rank < world_size:
-            raise InvalidArgumentError("rank", f"{rank!r} is outside 0..{world_size - 1}")
-        if deadline_s <= 0:
-            raise InvalidArgumentError("deadline_s", "must be positive")
+        check_world(rank, world_size, deadline_s)
         self.rank = rank
         self.world_size = world_size
         self.backend = backend
