@@ -199,7 +199,7 @@ async def copy_program_host_to_gpu(dut) -> None:
         assert lo <= acc.addr < lo + GPU_PAGE or hi <= acc.addr < hi + GPU_PAGE, acc
     assert await v.csr_read_reg("ctrl.completions") == 1
     st = v.rmap["ctrl"]["status"].decode(await v.csr_read_reg("ctrl.status"))
-    assert st == {"busy": 0, "error": 0}
+    assert st == {"busy": 0, "error": 0, "cause": 0, "datapath": 0}
     assert await v.csr_read_reg("dma.unmapped") == 0
 
 
