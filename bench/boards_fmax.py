@@ -19,6 +19,7 @@ import datetime
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -125,6 +126,12 @@ def partial(args) -> int:
     if (args.partial / "top.json").exists():
         text, depth_rows = logic_depth(args.partial)
         print(f"\nlogic depth per block (estimate from the netlist, {DEPTH_NOTE}):\n{text}")
+    # How far the router got: its last progress line (router2: overused wires left).
+    tim = (args.partial / "top.tim").read_text()
+    routing = [ln.removeprefix("Info:").strip() for ln in tim.splitlines()
+               if re.match(r"Info:\s+iter=\d+ ", ln) or "Routing globals" in ln]
+    if routing:
+        print(f"\nrouter: {routing[-1]}")
     record = {
         "bench": "boards_fmax", "status": note,
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
@@ -134,6 +141,8 @@ def partial(args) -> int:
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "target_mhz": TARGET_MHZ, "verdict": verdict,
         "build_folder": str(args.partial), "report": rep.as_dict(),
+        "router_last": routing[-1] if routing else None,
+        "analysis": "boards/README.md, 'ECP5-85F timing: what limits Fmax'",
         "logic_depth": {"note": DEPTH_NOTE, "blocks": depth_rows} if depth_rows else None,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
