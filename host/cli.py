@@ -26,8 +26,10 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--deadline", type=float, default=None,
                      help="seconds before a stuck collective raises CollectiveTimeoutError")
     run.add_argument("--timeout", type=float, default=None, help="kill the run after this long")
-    run.add_argument("--backend", choices=("software", "sim"), default="software",
-                     help="sim: each rank drives a node of the Verilator-simulated cluster")
+    run.add_argument("--backend", choices=("software", "sim", "board"), default="software",
+                     help="sim: each rank drives a node of the Verilator-simulated cluster; "
+                          "board: each rank drives an engine of the board FPGACCL_BOARD "
+                          "names (else a simulated board) through its queues")
     run.add_argument("--waves", action="store_true",
                      help="with --backend sim: dump waveforms (a separate traced build)")
     run.add_argument("--sim-loss", type=float, default=0.0,

@@ -69,6 +69,10 @@ def run(nprocs: int, cmd: list[str], *, pcap: str | None = None, impair: str | N
     bridged frames, writing them to ``bridge_pcap`` and, as root, mirroring them to the
     TAP interface ``tap``. ``pcap`` then merges the software ranks' captures with the
     frames the simulated nodes sent them.
+
+    ``backend="board"`` gives every rank FPGACCL_BACKEND=board: each drives engine
+    ``rank`` of the board FPGACCL_BOARD names, or of a simulated board
+    (:mod:`fpgaccl.sim.board`) started for the run when none is named.
     """
     if sim_ranks:
         return _run_mixed(nprocs, cmd, sorted(set(sim_ranks)), pcap=pcap, impair=impair,
@@ -107,11 +111,51 @@ def run(nprocs: int, cmd: list[str], *, pcap: str | None = None, impair: str | N
                         extra={"FPGACCL_BACKEND": "sim", "FPGACCL_SIM_SOCKET": sock})
         finally:
             server.stop()
+    elif backend == "board":
+        return _run_board(nprocs, cmd, pcap=pcap, impair=impair, deadline_s=deadline_s,
+                          timeout_s=timeout_s)
     elif backend != "software":
         print(f"fpgaccl run: unknown backend {backend!r}", file=sys.stderr)
         return 2
     return _run(nprocs, cmd, pcap=pcap, impair=impair, deadline_s=deadline_s,
                 timeout_s=timeout_s)
+
+
+def _run_board(nprocs: int, cmd: list[str], *, pcap: str | None, impair: str | None,
+               deadline_s: float | None, timeout_s: float | None) -> int:
+    """Ranks of the ``board`` backend: on the board FPGACCL_BOARD names, else on a
+    simulated board started for this run (and stopped after it)."""
+    from fpgaccl.host.board_device import BOARD_ENV
+    if pcap or impair:
+        print("fpgaccl run: --pcap/--impair are software-backend options; a board's wire "
+              "is its own", file=sys.stderr)
+        return 2
+    if not cmd:
+        print("fpgaccl run: no command given", file=sys.stderr)
+        return 2
+    extra = {"FPGACCL_BACKEND": "board"}
+    if os.environ.get(BOARD_ENV):
+        return _run(nprocs, cmd, pcap=None, impair=None, deadline_s=deadline_s,
+                    timeout_s=timeout_s, extra=extra)
+    from fpgaccl.sim.board import NODES, BoardProcess
+    if nprocs > NODES:
+        print(f"fpgaccl run: the simulated board has {NODES} engines, not {nprocs}",
+              file=sys.stderr)
+        return 2
+    print("fpgaccl run: no board in FPGACCL_BOARD; starting the simulated board (the "
+          "first run builds it: minutes)", file=sys.stderr)
+    board = BoardProcess()
+    try:
+        extra[BOARD_ENV] = f"sim:{board.wait_ready()}"
+    except Exception as e:
+        print(f"fpgaccl run: {e}", file=sys.stderr)
+        board.stop()
+        return 1
+    try:
+        return _run(nprocs, cmd, pcap=None, impair=None, deadline_s=deadline_s,
+                    timeout_s=timeout_s, extra=extra)
+    finally:
+        board.stop()
 
 
 def _run_mixed(nprocs: int, cmd: list[str], sim_ranks: list[int], *, pcap: str | None,

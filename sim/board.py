@@ -25,6 +25,8 @@ from fpgaccl.errors import BackendUnavailableError, ToolchainError
 
 SERVER_MODULE = "fpgaccl.sim.benches.board_server"
 WIDTH = 64
+NODES = 2
+"""Engines on the simulated board (a :class:`~fpgaccl.sim.benches.dma_node_top.DmaNodePair`)."""
 
 
 def build_pair():

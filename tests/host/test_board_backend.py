@@ -6,7 +6,11 @@ cannot fit and a missing board raise typed errors."""
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
+import sys
+import textwrap
 import threading
 
 import numpy as np
@@ -96,6 +100,34 @@ def test_collectives_through_the_queues(board, memory):
         assert np.array_equal(got[r]["bcast"], xs[1]["i"])
         assert np.array_equal(got[r]["ag"], np.concatenate([x["i"][:200] for x in xs]))
         assert got[r]["cycles"] > 0
+
+
+SCRIPT = textwrap.dedent("""
+    import numpy as np
+    import fpgaccl
+    comm = fpgaccl.init(memory="gpu")
+    x = np.arange(3000, dtype=np.int32) * (comm.rank + 1)
+    comm.allreduce(x)
+    assert np.array_equal(x, np.arange(3000, dtype=np.int32) * 3), x[:8]
+    print(f"rank {comm.rank} ok {comm.backend} {comm.last_cycles}")
+    comm.close()
+""")
+
+
+@pytest.mark.slow
+def test_fpgaccl_run_backend_board(board, tmp_path):
+    """The launcher hands each rank FPGACCL_BACKEND=board and the board's address; the
+    unchanged ``fpgaccl.init()`` script then runs on the board's engines."""
+    script = tmp_path / "script.py"
+    script.write_text(SCRIPT)
+    proc = subprocess.run(
+        [sys.executable, "-m", "fpgaccl.host.cli", "run", "-n", "2", "--backend", "board",
+         "--", sys.executable, str(script)],
+        env={**os.environ, "FPGACCL_BOARD": f"sim:{board}"}, capture_output=True, text=True,
+        timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for r in range(2):
+        assert f"rank {r} ok board" in proc.stdout
 
 
 def test_bad_arguments_name_themselves():
