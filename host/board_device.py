@@ -11,14 +11,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
-import time
 from typing import Any
 
 from fpgaccl.errors import BackendUnavailableError, TransportError
 
 from .driver import PageEntry, Writes
-from .sim_backend import encode, recv_frame
+from .sim_backend import connect_unix, encode, recv_frame
 
 BOARD_ENV = "FPGACCL_BOARD"
 """``sim:PATH``: the simulated board listening at PATH."""
@@ -27,18 +25,7 @@ BOARD_ENV = "FPGACCL_BOARD"
 class SimDevice:
     def __init__(self, path: str, node: int, *, timeout_s: float = 600.0) -> None:
         self.path, self.node = path, node
-        end = time.monotonic() + timeout_s
-        while True:
-            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            try:
-                self.sock.connect(path)
-                break
-            except OSError as e:
-                self.sock.close()
-                if time.monotonic() > end:
-                    raise BackendUnavailableError(f"no simulated board at {path}: {e}") from e
-                time.sleep(0.1)
-        self.sock.settimeout(timeout_s)
+        self.sock = connect_unix(path, timeout_s, "simulated board")
         self.info, _ = self.call({"op": "hello", "node": node})
         self.gpu_va_base = int(self.info["gpu_va_base"])
 

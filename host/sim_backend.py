@@ -129,6 +129,24 @@ def recv_frame(sock: socket.socket) -> tuple[dict, bytes]:
     return head, _recv_exact(sock, pl) if pl else b""
 
 
+def connect_unix(path: str, timeout_s: float, what: str) -> socket.socket:
+    """A stream connection to ``path``, retried until the server listens or
+    ``timeout_s`` passes (then :class:`BackendUnavailableError` names ``what``)."""
+    end = time.monotonic() + timeout_s
+    while True:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.connect(path)
+        except OSError as e:
+            sock.close()
+            if time.monotonic() > end:
+                raise BackendUnavailableError(f"no {what} at {path}: {e}") from e
+            time.sleep(0.1)
+            continue
+        sock.settimeout(timeout_s)
+        return sock
+
+
 class _Region:
     """Host-side staging with the software region's ``view`` (block-gathered IN)."""
 
@@ -204,18 +222,7 @@ class SimCommunicator(Communicator):
         self._seq = 0
         self.last_cycles = 0
         self.total_cycles = 0
-        end = time.monotonic() + rendezvous_timeout_s
-        while True:
-            self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            try:
-                self._sock.connect(path)
-                break
-            except OSError as e:
-                self._sock.close()
-                if time.monotonic() > end:
-                    raise BackendUnavailableError(f"no simulation server at {path}: {e}") from e
-                time.sleep(0.1)
-        self._sock.settimeout(rendezvous_timeout_s)
+        self._sock = connect_unix(path, rendezvous_timeout_s, "simulation server")
         hello = {"op": "hello", "node": rank, "world": world_size}
         if sim_ranks is not None:
             master_addr = master_addr or os.environ.get("MASTER_ADDR", "127.0.0.1")

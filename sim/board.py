@@ -11,17 +11,15 @@ build the DmaNode tests use -- and serves ranks until it is asked to stop (or si
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import os
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
-from fpgaccl.errors import BackendUnavailableError, ToolchainError
+from fpgaccl.errors import ToolchainError
+
+from .child import SocketServerProcess
 
 SERVER_MODULE = "fpgaccl.sim.benches.board_server"
 WIDTH = 64
@@ -47,45 +45,14 @@ def serve(socket_path: str, *, run_dir: str | None = None, seed: int = 0,
     return json.loads(summary.read_text())
 
 
-class BoardProcess:
+class BoardProcess(SocketServerProcess):
     """A simulated board in a child process, its socket in a private temporary folder."""
 
+    kind = "simulated board"
+
     def __init__(self, *, idle_timeout_s: float = 600.0) -> None:
-        self.dir = tempfile.mkdtemp(prefix="fpgaccl-board-")
-        self.socket = os.path.join(self.dir, "board.sock")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "fpgaccl.sim.board", "--socket", self.socket,
-             "--run-dir", self.dir, "--idle-timeout", str(idle_timeout_s)])
-
-    def wait_ready(self, timeout_s: float = 1800.0) -> str:
-        """Wait for the socket (the first call may build the pair: minutes)."""
-        end = time.monotonic() + timeout_s
-        while not os.path.exists(self.socket):
-            if self.proc.poll() is not None:
-                raise BackendUnavailableError(
-                    f"the simulated board exited with {self.proc.returncode} before it "
-                    f"listened (run folder {self.dir})")
-            if time.monotonic() > end:
-                self.proc.kill()
-                raise BackendUnavailableError(f"no simulated board after {timeout_s:g} s")
-            time.sleep(0.1)
-        return self.socket
-
-    def stop(self, timeout_s: float = 60.0) -> int:
-        """Ask the board to shut down and wait for it."""
-        if self.proc.poll() is None and os.path.exists(self.socket):
-            import socket as _socket
-
-            from fpgaccl.host.sim_backend import encode
-            with contextlib.suppress(OSError), \
-                    _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM) as s:
-                s.connect(self.socket)
-                s.sendall(encode({"op": "shutdown"}))
-        try:
-            return self.proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            return self.proc.wait()
+        super().__init__("fpgaccl.sim.board", ["--idle-timeout", str(idle_timeout_s)],
+                         prefix="fpgaccl-board-", socket_name="board.sock")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,18 +14,16 @@ headers are installed (Debian: liblz4-dev, zlib1g-dev), else ``dump.vcd`` (much 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
-import signal
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
-from fpgaccl.errors import BackendUnavailableError, ToolchainError
+from fpgaccl.errors import ToolchainError
+
+from .child import SocketServerProcess
 
 SERVER_MODULE = "fpgaccl.sim.benches.sim_server"
 
@@ -82,57 +80,18 @@ def format_summary(s: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-class ServerProcess:
+class ServerProcess(SocketServerProcess):
     """A server in a child process, with its socket in a private temporary folder."""
+
+    kind = "simulation server"
 
     def __init__(self, *, waves: bool = False, loss: int = 0,
                  idle_timeout_s: float = 600.0, env: dict[str, str] | None = None) -> None:
-        self.dir = tempfile.mkdtemp(prefix="fpgaccl-sim-")
-        self.socket = os.path.join(self.dir, "sim.sock")
-        cmd = [sys.executable, "-m", "fpgaccl.sim.server", "--socket", self.socket,
-               "--run-dir", self.dir, "--loss", str(loss),
-               "--idle-timeout", str(idle_timeout_s)] + (["--waves"] if waves else [])
-        # ``env``: extra variables for the server only (a mixed run's bridge options). Its
-        # own process group: the simulator is a grandchild (cocotb's runner starts it), and
-        # killing the group is the only way not to leave it running.
-        self.proc = subprocess.Popen(cmd, env={**os.environ, **(env or {})},
-                                     start_new_session=True)
-
-    def wait_ready(self, timeout_s: float = 1800.0) -> str:
-        """Wait for the socket (the first call may build the cluster: minutes)."""
-        end = time.monotonic() + timeout_s
-        while not os.path.exists(self.socket):
-            if self.proc.poll() is not None:
-                raise BackendUnavailableError(
-                    f"the simulation server exited with {self.proc.returncode} before it "
-                    f"listened (log: {self.dir}/sim.log)")
-            if time.monotonic() > end:
-                self._kill()
-                raise BackendUnavailableError(f"no simulation server after {timeout_s:g} s")
-            time.sleep(0.1)
-        return self.socket
-
-    def stop(self, timeout_s: float = 60.0) -> int:
-        """Wait for the server to finish (it ends once every rank has left); kill it if it
-        does not."""
-        if self.proc.poll() is None and os.path.exists(self.socket):
-            # Ranks that never connected (or failed before hello) leave it waiting: end it.
-            import socket as _socket
-
-            from fpgaccl.host.sim_backend import encode
-            with contextlib.suppress(OSError), \
-                    _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM) as s:
-                s.connect(self.socket)
-                s.sendall(encode({"op": "shutdown"}))
-        try:
-            return self.proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            self._kill()
-            return self.proc.wait()
-
-    def _kill(self) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
+        # ``env``: extra variables for the server only (a mixed run's bridge options).
+        super().__init__("fpgaccl.sim.server",
+                         ["--loss", str(loss), "--idle-timeout", str(idle_timeout_s)]
+                         + (["--waves"] if waves else []),
+                         prefix="fpgaccl-sim-", socket_name="sim.sock", env=env)
 
 
 def main(argv: list[str] | None = None) -> int:
