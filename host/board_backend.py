@@ -29,7 +29,6 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
-import threading
 from typing import Any
 
 import numpy as np
@@ -75,15 +74,7 @@ class BoardCommunicator(SimCommunicator):
         if world_size > nodes:
             raise UnsupportedError("world_size", f"{world_size} ranks; the board has {nodes} "
                                    "engines")
-        self.rank, self.world_size, self.backend = rank, world_size, "board"
-        self.deadline_s = deadline_s
-        self.link = None
-        self._closed = False
-        self._lock = threading.Lock()
-        self._coll = 0
-        self._seq = 0
-        self.last_cycles = 0
-        self.total_cycles = 0
+        self._init_state(rank, world_size, "board", deadline_s)
         self.dev = dev
         self.memory = memory
         info = dev.info

@@ -213,15 +213,7 @@ class SimCommunicator(Communicator):
                                    "record it with `fpgaccl run --backend sim --waves`")
         # (In a mixed run the bridge records what this rank's node sends: see --pcap.)
         self.sim_ranks = sim_ranks
-        self.rank, self.world_size, self.backend = rank, world_size, "sim"
-        self.deadline_s = deadline_s
-        self.link = None
-        self._closed = False
-        self._lock = threading.Lock()
-        self._coll = 0
-        self._seq = 0
-        self.last_cycles = 0
-        self.total_cycles = 0
+        self._init_state(rank, world_size, "sim", deadline_s)
         self._sock = connect_unix(path, rendezvous_timeout_s, "simulation server")
         hello = {"op": "hello", "node": rank, "world": world_size}
         if sim_ranks is not None:
@@ -272,6 +264,20 @@ class SimCommunicator(Communicator):
         return min(int(t["coll"]["stage_bytes"]) for t in table)
 
     # ------------------------------------------------------------------ transport
+    def _init_state(self, rank: int, world_size: int, backend: str,
+                    deadline_s: float) -> None:
+        """What every engine-driving backend starts with (collective numbering, cycle
+        counts, the lock that serialises a rank's requests)."""
+        self.rank, self.world_size, self.backend = rank, world_size, backend
+        self.deadline_s = deadline_s
+        self.link = None
+        self._closed = False
+        self._lock = threading.Lock()
+        self._coll = 0
+        self._seq = 0
+        self.last_cycles = 0
+        self.total_cycles = 0
+
     def _call(self, header: dict, payload: bytes, name: str, timeout: float
               ) -> tuple[dict, bytes]:
         if self._closed:
