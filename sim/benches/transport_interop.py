@@ -49,6 +49,15 @@ class StubEngine:
     def transmit(self, parts, addr) -> None:
         self.outbox.append(b"".join(bytes(p) for p in parts))
 
+    # The engine's batched sends (GSO runs on a real socket), one datagram at a time here.
+    def transmit_many(self, datagrams, addr) -> None:
+        for parts in datagrams:
+            self.transmit(parts, addr)
+
+    def transmit_run(self, flat, k: int, seg: int, addr) -> None:
+        for i in range(0, 3 * k, 3):
+            self.transmit(tuple(flat[i:i + 3]), addr)
+
     def drop(self, reason) -> None:
         self.drops[reason] += 1
 
