@@ -11,6 +11,14 @@ The memory port is the simple in-order request/answer pair of
 :mod:`fpgaccl.hw.datapath.memport`; :mod:`fpgaccl.hw.dma` puts the bus, address spaces
 and GPU-peer window behind it. Every register comes from :mod:`fpgaccl.proto.regmap`.
 
+With ``split_memory`` each datapath master gets its own channel instead
+(:data:`READ_CHANNELS`, :data:`WRITE_CHANNELS`: ``rd_req``/``rd_resp``/``wr`` then
+``rd_req1``..., ``wr1``...), for memories with several independent channels (HBM
+pseudo-channels, on-chip banks). A ring allreduce step moves three read and two write
+beats per link beat (send, land, reduce ``a`` and ``b``, write back), so on one shared
+port the node cannot keep its link busy; on split channels each master runs at one beat
+per cycle and the reduction reads ``a`` and ``b`` side by side.
+
 The node's bank holds the map without the DMA blocks (no flops for registers nothing
 reads); :class:`fpgaccl.hw.dma_node.DmaNode` serves those from a bank of its own and
 builds its node with ``dma=True``, which only sets ``ctrl.features.dma``. ``dtypes`` /
@@ -29,7 +37,13 @@ from amaranth.lib.wiring import In, Out
 from fpgaccl.hw.csr.bank import CSRBank
 from fpgaccl.hw.csr.bus import CSRBusSignature
 from fpgaccl.hw.datapath.engines import CopyEngine, ReduceEngine
-from fpgaccl.hw.datapath.memport import MEM_READ_REQ, ReadMux, WriteMux, mem_write_layout
+from fpgaccl.hw.datapath.memport import (
+    MEM_READ_REQ,
+    ReadMux,
+    WriteMux,
+    channel_names,
+    mem_write_layout,
+)
 from fpgaccl.hw.datapath.router import N_BUFS, Router
 from fpgaccl.hw.net.builder import RoceBuilder
 from fpgaccl.hw.net.parser import RoceParser
@@ -48,12 +62,15 @@ from fpgaccl.proto.regmap import (
 )
 
 BUFS = ("in", "out", "tmp", "tmp2")
+READ_CHANNELS = ("transport", "copy", "reduce_a", "reduce_b")
+WRITE_CHANNELS = ("transport", "copy", "reduce")
 
 
 class Node(wiring.Component):
     def __init__(self, width: int = 64, *, qps: int = 8, regions: int = 8,
                  imem_words: int = 512, mtu: int = 4096, seg_bytes: int = 4096,
-                 timeout: int = 1 << 14, dtypes=None, ops=None, dma: bool = False) -> None:
+                 timeout: int = 1 << 14, dtypes=None, ops=None, dma: bool = False,
+                 split_memory: bool = False) -> None:
         if qps < 2:
             # The bank gives a block with one copy a plain struct, not an array, and the
             # node indexes the QP contexts by the transmitting QP's number. (One region
@@ -65,14 +82,21 @@ class Node(wiring.Component):
         self.dtypes = tuple(DType) if dtypes is None else tuple(dtypes)
         self.ops = tuple(ReduceOp) if ops is None else tuple(ops)
         self.dma = dma
+        self.split_memory = split_memory
         self.regmap = default_map(qps=qps, regions=regions, imem_words=imem_words, dma=False)
+        nr, nw = (len(READ_CHANNELS), len(WRITE_CHANNELS)) if split_memory else (1, 1)
+        memory = {}
+        for req, resp in zip(channel_names("rd_req", nr), channel_names("rd_resp", nr),
+                             strict=True):
+            memory[req] = Out(stream.Signature(MEM_READ_REQ))
+            memory[resp] = In(beat_stream(width))
+        for wr in channel_names("wr", nw):
+            memory[wr] = Out(stream.Signature(mem_write_layout(width)))
         super().__init__({
             "rx": In(beat_stream(width)),
             "tx": Out(beat_stream(width)),
             "csr": In(CSRBusSignature(16)),
-            "rd_req": Out(stream.Signature(MEM_READ_REQ)),
-            "rd_resp": In(beat_stream(width)),
-            "wr": Out(stream.Signature(mem_write_layout(width))),
+            **memory,
             "done": Out(1),       # a collective program reached DONE (interrupt)
             "busy": Out(1),
         })
@@ -89,9 +113,8 @@ class Node(wiring.Component):
         m.submodules.router = router = Router(self.qps)
         m.submodules.copy = copy = CopyEngine(w, self.seg_bytes)
         m.submodules.reduce = red = ReduceEngine(w, self.seg_bytes, dtypes=self.dtypes,
-                                                 ops=self.ops)
-        m.submodules.rmux = rmux = ReadMux(w, 3)
-        m.submodules.wmux = wmux = WriteMux(w, 3)
+                                                 ops=self.ops,
+                                                 read_ports=2 if self.split_memory else 1)
 
         wiring.connect(m, wiring.flipped(self.csr), bank.bus)
 
@@ -186,7 +209,7 @@ class Node(wiring.Component):
 
         # Sequencer <-> router <-> engines and transport.
         wiring.connect(m, seq.cmd, router.cmd)
-        m.d.comb += seq.cmd_done.eq(router.cmd_done)
+        m.d.comb += [seq.cmd_done.eq(router.cmd_done), seq.drained.eq(router.idle)]
         wiring.connect(m, router.grant, seq.grant)
         wiring.connect(m, router.landed, seq.landed)
         wiring.connect(m, router.copy_job, copy.job)
@@ -196,12 +219,26 @@ class Node(wiring.Component):
         wiring.connect(m, tp.cmpl, router.cmpl)
         wiring.connect(m, tp.recv, router.recv)
 
+        readers = [(tp.rd_req, tp.rd_resp), (copy.rd_req, copy.rd_resp),
+                   (red.rd_req, red.rd_resp)]
+        writers = [tp.wr, copy.wr, red.wr]
+        if self.split_memory:
+            readers.append((red.rd_req_b, red.rd_resp_b))
+            for (rq, rs), req, resp in zip(readers, channel_names("rd_req", len(readers)),
+                                           channel_names("rd_resp", len(readers)), strict=True):
+                wiring.connect(m, rq, wiring.flipped(getattr(self, req)))
+                wiring.connect(m, wiring.flipped(getattr(self, resp)), rs)
+            for wr, name in zip(writers, channel_names("wr", len(writers)), strict=True):
+                wiring.connect(m, wr, wiring.flipped(getattr(self, name)))
+            return m
+
         # Memory: three readers and three writers share the node's memory port.
-        for i, (rq, rs) in enumerate(((tp.rd_req, tp.rd_resp), (copy.rd_req, copy.rd_resp),
-                                      (red.rd_req, red.rd_resp))):
+        m.submodules.rmux = rmux = ReadMux(w, len(readers))
+        m.submodules.wmux = wmux = WriteMux(w, len(writers))
+        for i, (rq, rs) in enumerate(readers):
             wiring.connect(m, rq, getattr(rmux, f"req{i}"))
             wiring.connect(m, getattr(rmux, f"resp{i}"), rs)
-        for i, wr in enumerate((tp.wr, copy.wr, red.wr)):
+        for i, wr in enumerate(writers):
             wiring.connect(m, wr, getattr(wmux, f"wr{i}"))
         wiring.connect(m, rmux.req, wiring.flipped(self.rd_req))
         wiring.connect(m, wiring.flipped(self.rd_resp), rmux.resp)

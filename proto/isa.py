@@ -12,9 +12,12 @@ disjoint whatever ``n`` is.
 
 Ordering rules the engines guarantee:
 
-* instructions run in order; a SEND reads its source before the next instruction runs
-  (the transport may still be retransmitting it: retransmits of delivered packets are
-  dropped as duplicates, so later changes to the source cannot reach the peer);
+* instructions take effect in order. An engine may start one before an earlier one has
+  finished (the HDL node streams a SEND out while the next RECV_REDUCE runs) only where
+  no program can tell: nothing writes a range an earlier SEND may still read (until the
+  peer acknowledged it, go-back-N re-reads the source), no SEND reads a range an
+  earlier instruction is still writing, and GRANT and DONE wait for everything before
+  them;
 * flow control is by credit: a SEND of tag ``step`` to ``peer`` waits until that peer
   has run ``GRANT`` for it (a zero-length RDMA WRITE with immediate data). A receiver
   grants only once the region the message lands in is free, so no RDMA WRITE can

@@ -2,11 +2,13 @@
 (``dst = a op b``), each a job of byte addresses and a length, spoken to memory through
 the simple read/write ports of :mod:`.memport`.
 
-Jobs are cut into segments of ``seg_bytes`` (one read request each). Answers come back
-in request order on one port, so the reduce engine buffers a whole segment of ``a``
-before it asks for the matching segment of ``b``: otherwise ``a``'s answer would wait
-for ``b``'s, queued behind it (deadlock). With one shared port a reduction therefore
-moves two read beats per result beat.
+Jobs are cut into segments of ``seg_bytes`` (one read request each). With one read
+port (``read_ports=1``) answers come back in request order, so the reduce engine buffers
+a whole segment of ``a`` before it asks for the matching segment of ``b``: otherwise
+``a``'s answer would wait for ``b``'s, queued behind it (deadlock); a reduction then
+takes two read beats per result beat. With two (``read_ports=2``, a node on a
+multi-channel memory) ``a`` and ``b`` stream side by side into the ALU: one result beat
+per cycle, no buffer.
 """
 
 from __future__ import annotations
@@ -102,17 +104,25 @@ class CopyEngine(wiring.Component):
 
 
 class ReduceEngine(wiring.Component):
-    def __init__(self, width: int, seg_bytes: int = 4096, *, dtypes=None, ops=None) -> None:
+    def __init__(self, width: int, seg_bytes: int = 4096, *, dtypes=None, ops=None,
+                 read_ports: int = 1) -> None:
         if seg_bytes % (width // 8):
             raise ValueError("segments must be whole beats")
-        self.width, self.seg_bytes = width, seg_bytes
+        if read_ports not in (1, 2):
+            raise ValueError(f"read_ports: 1 (a and b share a port) or 2, not {read_ports}")
+        self.width, self.seg_bytes, self.read_ports = width, seg_bytes, read_ports
         self.dtypes, self.ops = dtypes, ops   # the ALU's subset (None: all)
         self.seg_beats = seg_bytes // (width // 8)
+        second = {}
+        if read_ports == 2:
+            second = {"rd_req_b": Out(stream.Signature(MEM_READ_REQ)),
+                      "rd_resp_b": In(beat_stream(width))}
         super().__init__({
             "job": In(stream.Signature(REDUCE_JOB)),
             "done": Out(1),
             "rd_req": Out(stream.Signature(MEM_READ_REQ)),
             "rd_resp": In(beat_stream(width)),
+            **second,
             "wr": Out(stream.Signature(mem_write_layout(width))),
         })
 
@@ -120,11 +130,11 @@ class ReduceEngine(wiring.Component):
         m = Module()
         w = self.width
         m.submodules.alu = alu = ReduceUnit(w, dtypes=self.dtypes, ops=self.ops)
-        # Two segments of `a`: one being reduced, the next arriving.
-        m.submodules.abuf = abuf = fifo.SyncFIFOBuffered(width=beat_layout(w).size,
-                                                         depth=2 * self.seg_beats)
-        req_a = stream.Signature(MEM_READ_REQ).flip().create()
-        req_b = stream.Signature(MEM_READ_REQ).flip().create()
+        if self.read_ports == 2:
+            req_a, req_b = self.rd_req, self.rd_req_b
+        else:
+            req_a = stream.Signature(MEM_READ_REQ).flip().create()
+            req_b = stream.Signature(MEM_READ_REQ).flip().create()
         seg_a = _Segmenter(m, req_a, self.seg_bytes, "a")
         seg_b = _Segmenter(m, req_b, self.seg_bytes, "b")
         dst = Signal(64)
@@ -145,6 +155,35 @@ class ReduceEngine(wiring.Component):
             with m.Else():
                 m.d.sync += busy.eq(1)
 
+        if self.read_ports == 2:
+            seg_a.issue(m, busy)
+            seg_b.issue(m, busy)
+            wiring.connect(m, wiring.flipped(self.rd_resp), alu.a)
+            wiring.connect(m, wiring.flipped(self.rd_resp_b), alu.b)
+        else:
+            self._share_port(m, alu, busy, seg_a, seg_b, req_a, req_b)
+
+        nbytes = _popcount(m, alu.o.payload.keep)
+        m.d.comb += [
+            self.wr.valid.eq(alu.o.valid),
+            self.wr.payload.addr.eq(dst + moved),
+            self.wr.payload.data.eq(alu.o.payload.data),
+            self.wr.payload.keep.eq(alu.o.payload.keep),
+            self.wr.payload.last.eq(alu.o.payload.last),
+            alu.o.ready.eq(self.wr.ready),
+        ]
+        with m.If(self.wr.valid & self.wr.ready):
+            m.d.sync += moved.eq(moved + nbytes)
+            with m.If(moved + nbytes == seg_a.len):
+                m.d.sync += [busy.eq(0), self.done.eq(1)]
+        return m
+
+    def _share_port(self, m: Module, alu, busy, seg_a, seg_b, req_a, req_b) -> None:
+        """``a`` and ``b`` over the one in-order read port (see the module docstring)."""
+        w = self.width
+        # Two segments of `a`: one being reduced, the next arriving.
+        m.submodules.abuf = abuf = fifo.SyncFIFOBuffered(width=beat_layout(w).size,
+                                                         depth=2 * self.seg_beats)
         # Requests strictly alternate a_i, b_i; at most two `a` segments are pending
         # (asked for and not yet reduced), which is what the buffer holds.
         turn_b = Signal()
@@ -179,18 +218,3 @@ class ReduceEngine(wiring.Component):
                      abuf.r_en.eq(alu.a.ready)]
         a_beat = data.View(beat_layout(w), abuf.r_data)
         m.d.comb += a_done_seg.eq(abuf.r_rdy & alu.a.ready & a_beat.last)
-
-        nbytes = _popcount(m, alu.o.payload.keep)
-        m.d.comb += [
-            self.wr.valid.eq(alu.o.valid),
-            self.wr.payload.addr.eq(dst + moved),
-            self.wr.payload.data.eq(alu.o.payload.data),
-            self.wr.payload.keep.eq(alu.o.payload.keep),
-            self.wr.payload.last.eq(alu.o.payload.last),
-            alu.o.ready.eq(self.wr.ready),
-        ]
-        with m.If(self.wr.valid & self.wr.ready):
-            m.d.sync += moved.eq(moved + nbytes)
-            with m.If(moved + nbytes == seg_a.len):
-                m.d.sync += [busy.eq(0), self.done.eq(1)]
-        return m

@@ -12,7 +12,13 @@ from amaranth.lib.wiring import In, Out
 from fpgaccl.hw.stream.beat import beat_stream
 from fpgaccl.hw.transport.layouts import MEM_READ_REQ, mem_write_layout
 
-__all__ = ["MEM_READ_REQ", "ReadMux", "WriteMux", "mem_write_layout"]
+__all__ = ["MEM_READ_REQ", "ReadMux", "WriteMux", "channel_names", "mem_write_layout"]
+
+
+def channel_names(kind: str, n: int) -> list[str]:
+    """Port names of ``n`` memory channels of a kind (``rd_req``, ``rd_resp``, ``wr``):
+    ``rd_req``, ``rd_req1``, ... -- channel 0 keeps the one-port name."""
+    return [kind if i == 0 else f"{kind}{i}" for i in range(n)]
 
 
 def _round_robin(m: Module, last: Signal, valids: list) -> tuple[Signal, Signal]:

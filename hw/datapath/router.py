@@ -6,6 +6,21 @@ local buffer bases (``coll`` registers) or, for a SEND, the destination peer's b
 base and rkey (``peer`` registers, filled at rendezvous). QP ``i`` talks to rank ``i``.
 A GRANT is a zero-length WRITE whose immediate data has the grant bit set
 (:data:`fpgaccl.proto.COLLECTIVE_IMM`).
+
+Commands are dispatched, not waited for: the sequencer moves on as soon as a command is
+handed to its engine, so a SEND streams out while the next RECV_REDUCE runs. What keeps
+the program's in-order meaning is a scoreboard of what is in flight -- one SEND (or
+GRANT) per peer, as the transport runs one message per QP, until its completion; one
+local COPY/RECV_REDUCE until its engine is done -- and the hazards it checks before
+dispatch, on element ranges per buffer:
+
+* a SEND waits while the local job writes what it would read (read after write);
+* a COPY/RECV_REDUCE waits for the local job before it, and while a SEND in flight still
+  reads what it would write (write after read; the transport re-reads memory for
+  go-back-N until the peer acknowledged);
+* a GRANT waits for everything in flight: it lets a peer overwrite a region, and says
+  no range;
+* ``idle`` (nothing in flight) is what the sequencer's DONE waits for.
 """
 
 from __future__ import annotations
@@ -64,6 +79,7 @@ class Router(wiring.Component):
             "desc": Out(stream.Signature(WRITE_DESC)),
             "cmpl": In(stream.Signature(WRITE_CMPL)),
             "recv": In(stream.Signature(RECV_CMPL)),
+            "idle": Out(1),
             "error": Out(1),
         })
 
@@ -77,37 +93,73 @@ class Router(wiring.Component):
         rkey = Array(Array(ctx.rkey[p][i] for i in range(N_BUFS)) for p in range(self.peers))
 
         m.d.sync += self.cmd_done.eq(0)
-        for s in (self.copy_job, self.reduce_job, self.desc):
-            with m.If(s.ready):
-                m.d.sync += s.valid.eq(0)
+        for st in (self.copy_job, self.reduce_job, self.desc):
+            with m.If(st.ready):
+                m.d.sync += st.valid.eq(0)
+
+        # The scoreboard: ranges in elements, [lo, hi) of buffer `buf`.
+        lo, hi = c.offset, c.offset + c.length
+        s_busy = Signal(self.peers)
+        s_buf = Array(Signal(2, name=f"s_buf{p}") for p in range(self.peers))
+        s_lo = Array(Signal(33, name=f"s_lo{p}") for p in range(self.peers))
+        s_hi = Array(Signal(33, name=f"s_hi{p}") for p in range(self.peers))
+        l_busy, l_buf, l_lo, l_hi = Signal(), Signal(2), Signal(33), Signal(33)
+
+        def overlaps(buf_a, lo_a, hi_a, buf_b, lo_b, hi_b):
+            return (buf_a == buf_b) & (lo_a < hi_b) & (lo_b < hi_a)
+
+        raw = l_busy & overlaps(l_buf, l_lo, l_hi, c.src, lo, hi)
+        war = Signal()
+        m.d.comb += war.eq(sum((s_busy[p] & overlaps(s_buf[p], s_lo[p], s_hi[p], c.dst, lo, hi)
+                                for p in range(self.peers)), 0) != 0)
+        desc_free = ~self.desc.valid
+        m.d.comb += self.idle.eq(~s_busy.any() & ~l_busy & desc_free & ~self.copy_job.valid
+                                 & ~self.reduce_job.valid & ~self.cmd.valid
+                                 & (c.op == int(SeqOp.NOP)))
+
+        # Completions free their peer's slot (one message per QP, in order).
+        m.d.comb += self.cmpl.ready.eq(1)
+        with m.If(self.cmpl.valid):
+            m.d.sync += s_busy.bit_select(self.cmpl.payload.qp, 1).eq(0)
+            with m.If(self.cmpl.payload.status != 0):
+                m.d.sync += self.error.eq(1)
+        with m.If(self.copy_done | self.reduce_done):
+            m.d.sync += l_busy.eq(0)
+
+        def take_local() -> None:
+            m.d.sync += [l_busy.eq(1), l_buf.eq(c.dst), l_lo.eq(lo), l_hi.eq(hi),
+                         self.cmd_done.eq(1), c.op.eq(int(SeqOp.NOP))]
 
         nbytes = c.length << shift
-        with m.FSM():
-            with m.State("IDLE"):
-                m.d.comb += self.cmd.ready.eq(1)
-                with m.If(self.cmd.valid):
-                    m.d.sync += c.eq(self.cmd.payload)
-                    m.next = "DISPATCH"
-            with m.State("DISPATCH"), m.Switch(c.op):
-                with m.Case(int(SeqOp.COPY)):
-                    m.d.sync += [
-                        self.copy_job.payload.src.eq(base[c.src] + (c.offset << shift)),
-                        self.copy_job.payload.dst.eq(base[c.dst] + (c.offset << shift)),
-                        self.copy_job.payload.len.eq(nbytes),
-                        self.copy_job.valid.eq(1)]
-                    m.next = "WAIT_COPY"
-                with m.Case(int(SeqOp.RECV_REDUCE)):
-                    j = self.reduce_job.payload
-                    m.d.sync += [
-                        j.a.eq(base[c.src] + (c.offset << shift)),
-                        j.b.eq(base[c.scratch] + (c.xoffset << shift)),
-                        j.dst.eq(base[c.dst] + (c.offset << shift)),
-                        j.len.eq(nbytes), j.dtype.eq(ctx.dtype), j.op.eq(ctx.op),
-                        self.reduce_job.valid.eq(1)]
-                    m.next = "WAIT_REDUCE"
-                with m.Case(int(SeqOp.SEND), int(SeqOp.GRANT)):
+        # `c.op` is NOP while no command waits (commands never carry NOP).
+        with m.If(c.op == int(SeqOp.NOP)):
+            m.d.comb += self.cmd.ready.eq(1)
+            with m.If(self.cmd.valid):
+                m.d.sync += c.eq(self.cmd.payload)
+        with m.Switch(c.op):
+            with m.Case(int(SeqOp.NOP)):
+                pass
+            with m.Case(int(SeqOp.COPY)), m.If(~l_busy & ~war):
+                m.d.sync += [
+                    self.copy_job.payload.src.eq(base[c.src] + (c.offset << shift)),
+                    self.copy_job.payload.dst.eq(base[c.dst] + (c.offset << shift)),
+                    self.copy_job.payload.len.eq(nbytes),
+                    self.copy_job.valid.eq(1)]
+                take_local()
+            with m.Case(int(SeqOp.RECV_REDUCE)), m.If(~l_busy & ~war):
+                j = self.reduce_job.payload
+                m.d.sync += [
+                    j.a.eq(base[c.src] + (c.offset << shift)),
+                    j.b.eq(base[c.scratch] + (c.xoffset << shift)),
+                    j.dst.eq(base[c.dst] + (c.offset << shift)),
+                    j.len.eq(nbytes), j.dtype.eq(ctx.dtype), j.op.eq(ctx.op),
+                    self.reduce_job.valid.eq(1)]
+                take_local()
+            with m.Case(int(SeqOp.SEND), int(SeqOp.GRANT)):
+                is_grant = c.op == int(SeqOp.GRANT)
+                blocked = Mux(is_grant, s_busy.any() | l_busy, s_busy.bit_select(c.peer, 1) | raw)
+                with m.If(desc_free & ~blocked):
                     d = self.desc.payload
-                    is_grant = c.op == int(SeqOp.GRANT)
                     imm = Signal(_IMM)
                     m.d.comb += [imm.coll_id.eq(self.coll_id), imm.step.eq(c.step),
                                  imm.grant.eq(is_grant)]
@@ -118,24 +170,14 @@ class Router(wiring.Component):
                         d.rkey.eq(rkey[c.peer][c.dst]),
                         d.len.eq(Mux(is_grant, 0, nbytes)),
                         d.imm.eq(imm.as_value()), d.has_imm.eq(1),
-                        self.desc.valid.eq(1)]
-                    m.next = "WAIT_CMPL"
-                with m.Default():
-                    m.d.sync += self.error.eq(1)
-                    m.next = "IDLE"
-            with m.State("WAIT_COPY"), m.If(self.copy_done):
-                m.d.sync += self.cmd_done.eq(1)
-                m.next = "IDLE"
-            with m.State("WAIT_REDUCE"), m.If(self.reduce_done):
-                m.d.sync += self.cmd_done.eq(1)
-                m.next = "IDLE"
-            with m.State("WAIT_CMPL"):
-                m.d.comb += self.cmpl.ready.eq(1)
-                with m.If(self.cmpl.valid):
-                    with m.If(self.cmpl.payload.status != 0):
-                        m.d.sync += self.error.eq(1)
-                    m.d.sync += self.cmd_done.eq(1)
-                    m.next = "IDLE"
+                        self.desc.valid.eq(1),
+                        s_busy.bit_select(c.peer, 1).eq(1),
+                        s_buf[c.peer].eq(c.src),
+                        s_lo[c.peer].eq(lo),
+                        s_hi[c.peer].eq(Mux(is_grant, lo, hi)),
+                        self.cmd_done.eq(1), c.op.eq(int(SeqOp.NOP))]
+            with m.Default():
+                m.d.sync += [self.error.eq(1), c.op.eq(int(SeqOp.NOP))]
 
         # Received messages become sequencer events (the sequencer always accepts).
         imm_in = data.View(_IMM, self.recv.payload.imm)

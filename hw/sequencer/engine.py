@@ -47,6 +47,9 @@ class Sequencer(wiring.Component):
             "count": In(ELEM_BITS),
             "cmd": Out(stream.Signature(Command)),
             "cmd_done": In(1),
+            # the datapath has nothing in flight: DONE waits for it (a datapath that
+            # finishes each command before cmd_done leaves it at 1)
+            "drained": In(1, init=1),
             "grant": In(stream.Signature(Event)),
             "landed": In(stream.Signature(Event)),
             "busy": Out(1),
@@ -187,7 +190,7 @@ class Sequencer(wiring.Component):
                         with m.Elif(landed_ready):
                             m.d.comb += take_landed.eq(1)
                             issue(SeqOp.RECV_REDUCE)
-                    with m.Case(int(SeqOp.DONE)):
+                    with m.Case(int(SeqOp.DONE)), m.If(self.drained):
                         m.d.sync += self.done.eq(1)
                         m.next = "IDLE"
                     with m.Default():

@@ -16,7 +16,8 @@ from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
 from fpgaccl.hw.csr.bus import CSRBusSignature
-from fpgaccl.hw.node import Node
+from fpgaccl.hw.datapath.memport import channel_names
+from fpgaccl.hw.node import READ_CHANNELS, WRITE_CHANNELS, Node
 from fpgaccl.hw.stream.beat import beat_stream
 
 from .blackbox import BlackBox
@@ -30,7 +31,7 @@ class Cluster(wiring.Component):
     def __init__(self, nodes: int, width: int = 64, *, mem_bytes: int = 1 << 20,
                  qps: int | None = None, imem_words: int = 512, mtu: int = 1024,
                  mem_latency: int = 16, timeout: int = 1 << 14, seed: int = 1,
-                 blackbox_nodes: bool = False) -> None:
+                 split_memory: bool = True, blackbox_nodes: bool = False) -> None:
         self.nodes, self.width, self.mem_bytes = nodes, width, mem_bytes
         self.qps = qps or max(2, nodes)
         self.imem_words, self.mtu, self.mem_latency = imem_words, mtu, mem_latency
@@ -38,6 +39,9 @@ class Cluster(wiring.Component):
         # fired before ACKs queued behind a busy memory port came back: a clean 1 MiB
         # ring allreduce made 384 spurious retransmissions and took 22% more cycles.
         self.timeout, self.seed = timeout, seed
+        # Each node's datapath masters on their own memory channels (hw/node.py): with
+        # one shared port a ring step's 3 reads per link beat cap the link at a third.
+        self.split_memory = split_memory
         self.blackbox = BlackBox(self.node(), "fpgaccl_node") if blackbox_nodes else None
         words = mem_bytes // (width // 8)
         external = {"external": In(nodes)}
@@ -63,7 +67,8 @@ class Cluster(wiring.Component):
 
     def node(self) -> Node:
         return Node(self.width, qps=self.qps, imem_words=self.imem_words, mtu=self.mtu,
-                    seg_bytes=min(self.mtu, 4096), timeout=self.timeout)
+                    seg_bytes=min(self.mtu, 4096), timeout=self.timeout,
+                    split_memory=self.split_memory)
 
     def elaborate(self, platform) -> Module:
         m = Module()
@@ -84,12 +89,17 @@ class Cluster(wiring.Component):
         m.d.sync += cycles.eq(cycles + 1)
         m.d.comb += self.cycles.eq(cycles)
         for k, node in enumerate(nodes):
+            nr, nw = ((len(READ_CHANNELS), len(WRITE_CHANNELS)) if self.split_memory
+                      else (1, 1))
             mem = SimMemory(self.width, self.mem_bytes, latency=self.mem_latency,
-                            verilog_ram=True)
+                            verilog_ram=True, reads=nr, writes=nw)
             m.submodules[f"mem{k}"] = mem
-            wiring.connect(m, node.rd_req, mem.rd_req)
-            wiring.connect(m, mem.rd_resp, node.rd_resp)
-            wiring.connect(m, node.wr, mem.wr)
+            for req, resp in zip(channel_names("rd_req", nr), channel_names("rd_resp", nr),
+                                 strict=True):
+                wiring.connect(m, getattr(node, req), getattr(mem, req))
+                wiring.connect(m, getattr(mem, resp), getattr(node, resp))
+            for wr in channel_names("wr", nw):
+                wiring.connect(m, getattr(node, wr), getattr(mem, wr))
             # Frames into the switch pass an impairment pipe (off until configured).
             m.submodules[f"link{k}"] = link = Link(self.width, seed=self.seed + k)
             wiring.connect(m, link.o, getattr(sw, f"i{k}"))
@@ -122,8 +132,10 @@ class Cluster(wiring.Component):
 
 
 # One configuration serves the tests and the benches, so CI compiles it once: four
-# 64-bit nodes with room for 1 MiB collectives (IN, OUT and two scratch buffers).
-STANDARD = {"nodes": 4, "width": 64, "mem_bytes": 8 << 20, "imem_words": 256, "mtu": 4096}
+# 64-bit nodes with room for 1 MiB collectives (IN, OUT and two scratch buffers), each
+# on a memory with a channel per datapath master.
+STANDARD = {"nodes": 4, "width": 64, "mem_bytes": 8 << 20, "imem_words": 256, "mtu": 4096,
+            "split_memory": True}
 
 
 def build_standard(*, waves: bool | None = None, **overrides):
@@ -135,8 +147,9 @@ def build_standard(*, waves: bool | None = None, **overrides):
 
     cfg = {**STANDARD, **overrides}
     cluster = Cluster(cfg["nodes"], cfg["width"], mem_bytes=cfg["mem_bytes"],
-                      imem_words=cfg["imem_words"], mtu=cfg["mtu"], blackbox_nodes=True)
-    name = f"cluster{cfg['nodes']}_w{cfg['width']}"
+                      imem_words=cfg["imem_words"], mtu=cfg["mtu"],
+                      split_memory=cfg["split_memory"], blackbox_nodes=True)
+    name = f"cluster{cfg['nodes']}_w{cfg['width']}" + ("" if cfg["split_memory"] else "_shared")
     sim = build(RegisteredInputs(cluster), name, build_args=CLUSTER_BUILD_ARGS,
                 cxx_opt=CLUSTER_CXX_OPT, extra_sources=[RAM_VERILOG, cluster.blackbox.source],
                 waves=waves_requested() if waves is None else waves)

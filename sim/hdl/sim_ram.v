@@ -1,26 +1,29 @@
-// Byte-writable RAM for Verilator-built simulations: two read and two write ports for
-// the node's unaligned beats, one word-wide backdoor for the testbench. Written in
-// Verilog because Amaranth elaborates a memory's initial contents word by word, which
-// for megabytes costs more than the whole rest of a multi-node build.
-module fpgaccl_sim_ram #(parameter WIDTH = 64, parameter AW = 10) (
-    input  wire                 clk,
-    input  wire [AW-1:0]        ra0, input wire re0, output reg [WIDTH-1:0] rd0,
-    input  wire [AW-1:0]        ra1, input wire re1, output reg [WIDTH-1:0] rd1,
-    input  wire [AW-1:0]        ra2, output reg [WIDTH-1:0] rd2,
-    input  wire [AW-1:0]        wa0, input wire [WIDTH/8-1:0] we0, input wire [WIDTH-1:0] wd0,
-    input  wire [AW-1:0]        wa1, input wire [WIDTH/8-1:0] we1, input wire [WIDTH-1:0] wd1,
-    input  wire [AW-1:0]        wa2, input wire we2, input wire [WIDTH-1:0] wd2
+// Byte-writable RAM for Verilator-built simulations: NR read and NW byte-masked write
+// ports (two of each per memory channel, for the channel's unaligned beats) and one
+// word-wide backdoor for the testbench. Port p of a kind is the p-th slice of the packed
+// vectors. Written in Verilog because Amaranth elaborates a memory's initial contents
+// word by word, which for megabytes costs more than the whole rest of a multi-node build.
+module fpgaccl_sim_ram #(parameter WIDTH = 64, parameter AW = 10,
+                         parameter NR = 2, parameter NW = 2) (
+    input  wire                      clk,
+    input  wire [NR*AW-1:0]          ra,
+    input  wire [NR-1:0]             re,
+    output reg  [NR*WIDTH-1:0]       rd,
+    input  wire [NW*AW-1:0]          wa,
+    input  wire [NW*WIDTH/8-1:0]     we,
+    input  wire [NW*WIDTH-1:0]       wd,
+    input  wire [AW-1:0]             bra, output reg [WIDTH-1:0] brd,
+    input  wire [AW-1:0]             bwa, input wire bwe, input wire [WIDTH-1:0] bwd
 );
     reg [WIDTH-1:0] mem [0:(1 << AW) - 1];
-    integer i;
+    integer p, i;
     always @(posedge clk) begin
-        if (re0) rd0 <= mem[ra0];
-        if (re1) rd1 <= mem[ra1];
-        rd2 <= mem[ra2];
-        for (i = 0; i < WIDTH / 8; i = i + 1) begin
-            if (we0[i]) mem[wa0][i*8 +: 8] <= wd0[i*8 +: 8];
-            if (we1[i]) mem[wa1][i*8 +: 8] <= wd1[i*8 +: 8];
-        end
-        if (we2) mem[wa2] <= wd2;
+        for (p = 0; p < NR; p = p + 1)
+            if (re[p]) rd[p*WIDTH +: WIDTH] <= mem[ra[p*AW +: AW]];
+        brd <= mem[bra];
+        for (p = 0; p < NW; p = p + 1)
+            for (i = 0; i < WIDTH / 8; i = i + 1)
+                if (we[p*WIDTH/8 + i]) mem[wa[p*AW +: AW]][i*8 +: 8] <= wd[p*WIDTH + i*8 +: 8];
+        if (bwe) mem[bwa] <= bwd;
     end
 endmodule

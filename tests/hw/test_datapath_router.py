@@ -1,0 +1,144 @@
+"""The router's dispatch scoreboard on Amaranth's simulator: commands are handed on
+without waiting for them to finish, except where an earlier one still reads what a
+later one writes (or writes what it reads), a peer already has a message in flight, or a
+GRANT needs everything drained."""
+
+from amaranth.sim import Simulator
+
+from fpgaccl.hw.datapath.router import Router
+from fpgaccl.proto.isa import Buf, SeqOp
+from fpgaccl.proto.reduce import DType
+
+PEERS = 4
+
+
+def command(op, *, peer=1, src=Buf.OUT, dst=Buf.OUT, offset=0, length=8, step=0):
+    return {"op": int(op), "peer": peer, "src": int(src), "dst": int(dst),
+            "scratch": int(Buf.TMP), "offset": offset, "length": length, "xoffset": offset,
+            "step": step, "coll_id": 1}
+
+
+def run(script):
+    dut = Router(PEERS)
+
+    async def bench(ctx):
+        ctx.set(dut.ctx.dtype, int(DType.INT32))
+        for i in range(4):
+            ctx.set(dut.ctx.base[i], 0x1000 * (i + 1))
+        for s in (dut.copy_job, dut.reduce_job, dut.desc):
+            ctx.set(s.ready, 1)
+        await script(ctx, dut)
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    sim.add_testbench(bench)
+    sim.run()
+
+
+async def issue(ctx, dut, cmd):
+    """Hand the router one command; returns once it has taken it."""
+    ctx.set(dut.cmd.payload, cmd)
+    ctx.set(dut.cmd.valid, 1)
+    await ctx.tick().until(dut.cmd.ready)
+    ctx.set(dut.cmd.valid, 0)
+
+
+async def watch(ctx, dut, cycles):
+    """Which job/descriptor outputs fired, and whether cmd_done pulsed, over ``cycles``."""
+    seen = set()
+    for _ in range(cycles):
+        await ctx.tick()
+        for name in ("copy_job", "reduce_job", "desc"):
+            if ctx.get(getattr(dut, name).valid):
+                seen.add(name)
+        if ctx.get(dut.cmd_done):
+            seen.add("done")
+    return seen
+
+
+async def complete_send(ctx, dut, peer):
+    ctx.set(dut.cmpl.payload, {"qp": peer, "status": 0})
+    ctx.set(dut.cmpl.valid, 1)
+    await ctx.tick()
+    ctx.set(dut.cmpl.valid, 0)
+
+
+async def finish_reduce(ctx, dut):
+    ctx.set(dut.reduce_done, 1)
+    await ctx.tick()
+    ctx.set(dut.reduce_done, 0)
+
+
+def test_send_does_not_wait_for_its_acknowledgement():
+    async def script(ctx, dut):
+        await issue(ctx, dut, command(SeqOp.SEND, offset=0, length=8))
+        assert await watch(ctx, dut, 4) == {"desc", "done"}
+        assert not ctx.get(dut.idle)
+        # A reduction into other elements runs while the SEND is unacknowledged.
+        await issue(ctx, dut, command(SeqOp.RECV_REDUCE, offset=8, length=8))
+        assert await watch(ctx, dut, 4) == {"reduce_job", "done"}
+        await finish_reduce(ctx, dut)
+        await complete_send(ctx, dut, 1)
+        await ctx.tick()
+        assert ctx.get(dut.idle)
+    run(script)
+
+
+def test_write_after_read_waits_for_the_acknowledgement():
+    async def script(ctx, dut):
+        await issue(ctx, dut, command(SeqOp.SEND, offset=0, length=8))
+        await watch(ctx, dut, 2)
+        # Overlaps the SEND's last element: the transport may still re-read it.
+        await issue(ctx, dut, command(SeqOp.RECV_REDUCE, offset=7, length=8))
+        assert await watch(ctx, dut, 20) == set()
+        await complete_send(ctx, dut, 1)
+        assert await watch(ctx, dut, 4) == {"reduce_job", "done"}
+    run(script)
+
+
+def test_a_copy_into_another_buffer_does_not_wait():
+    async def script(ctx, dut):
+        await issue(ctx, dut, command(SeqOp.SEND, src=Buf.OUT, offset=0, length=8))
+        await watch(ctx, dut, 2)
+        await issue(ctx, dut, command(SeqOp.COPY, src=Buf.IN, dst=Buf.TMP, offset=0,
+                                      length=8))
+        assert await watch(ctx, dut, 4) == {"copy_job", "done"}
+    run(script)
+
+
+def test_read_after_write_waits_for_the_reduction():
+    async def script(ctx, dut):
+        await issue(ctx, dut, command(SeqOp.RECV_REDUCE, offset=16, length=8))
+        await watch(ctx, dut, 2)
+        await issue(ctx, dut, command(SeqOp.SEND, peer=2, offset=20, length=8))
+        assert await watch(ctx, dut, 20) == set()
+        await finish_reduce(ctx, dut)
+        assert await watch(ctx, dut, 4) == {"desc", "done"}
+        # A SEND of elements the reduction did not touch would not have waited.
+        await complete_send(ctx, dut, 2)
+        await issue(ctx, dut, command(SeqOp.RECV_REDUCE, offset=16, length=8))
+        await watch(ctx, dut, 2)
+        await issue(ctx, dut, command(SeqOp.SEND, peer=2, offset=24, length=8))
+        assert await watch(ctx, dut, 4) == {"desc", "done"}
+    run(script)
+
+
+def test_one_message_per_peer_and_grant_drains_everything():
+    async def script(ctx, dut):
+        await issue(ctx, dut, command(SeqOp.SEND, peer=1, offset=0, length=8))
+        await watch(ctx, dut, 2)
+        await issue(ctx, dut, command(SeqOp.SEND, peer=1, offset=8, length=8))
+        assert await watch(ctx, dut, 20) == set()
+        await complete_send(ctx, dut, 1)
+        assert await watch(ctx, dut, 4) == {"desc", "done"}
+        # Another peer's message goes alongside.
+        await issue(ctx, dut, command(SeqOp.SEND, peer=3, offset=8, length=8))
+        assert await watch(ctx, dut, 4) == {"desc", "done"}
+        await issue(ctx, dut, command(SeqOp.GRANT, peer=2, length=0))
+        assert await watch(ctx, dut, 10) == set()
+        await complete_send(ctx, dut, 1)
+        assert await watch(ctx, dut, 10) == set()
+        await complete_send(ctx, dut, 3)
+        assert await watch(ctx, dut, 4) == {"desc", "done"}
+        assert ctx.get(dut.desc.payload.len) == 0
+    run(script)
