@@ -39,48 +39,74 @@ def _recv(peer, chunk, step, count=1):
     return Instr(SeqOp.RECV, buf=OUT, peer=peer, chunk=chunk, count=count, step=step)
 
 
-def _recv_reduce(peer, chunk, step, count=1, scratch=TMP, xchunk=None):
-    return Instr(SeqOp.RECV_REDUCE, buf=OUT, src=OUT, rbuf=scratch, peer=peer, chunk=chunk,
+def _recv_reduce(peer, chunk, step, count=1, scratch=TMP, xchunk=None, src=OUT):
+    return Instr(SeqOp.RECV_REDUCE, buf=OUT, src=src, rbuf=scratch, peer=peer, chunk=chunk,
                  count=count, xchunk=chunk if xchunk is None else xchunk, step=step)
 
 
 DONE = Instr(SeqOp.DONE)
 
 
-def _ring_rs(ranks: list[int], me: int, block: int, base_step: int, scratch: Buf) -> list:
+def _ring_rs(ranks: list[int], me: int, block: int, base_step: int, scratch: Buf,
+             pieces: int = 1, fresh: bool = False) -> list:
     """Ring reduce-scatter among ``ranks`` over blocks of ``block`` chunks; position i
-    ends owning block i fully reduced."""
+    ends owning block i fully reduced. Each step's block goes as ``pieces`` messages
+    (``block`` must be a multiple): piece j is reduced and passed on while piece j+1 is
+    still on the wire, which keeps an engine that overlaps sending and reducing busy.
+
+    ``fresh``: OUT was not set from IN first. Position i sends block i-1 at step 0 and
+    reduces every other block exactly once, so step 0 can send straight from IN and each
+    reduction take its own term from IN: no COPY of the whole vector up front (on the
+    HDL node that copy alone took as long as a third of the collective)."""
     n, i = len(ranks), ranks.index(me)
     right, left = ranks[(i + 1) % n], ranks[(i - 1) % n]
-    prog = [_grant(left, base_step + s) for s in range(n - 1)]  # scratch blocks are disjoint
+    per = block // pieces
+    msgs = (n - 1) * pieces
+    mine = IN if fresh else OUT
+    prog = [_grant(left, base_step + k) for k in range(msgs)]  # scratch blocks are disjoint
     for s in range(n - 1):
         out_b, in_b = (i - s - 1) % n, (i - s - 2) % n
-        prog.append(_send(right, out_b * block, base_step + s, scratch, count=block))
-        prog.append(_recv_reduce(left, in_b * block, base_step + s, count=block,
-                                 scratch=scratch))
+        for j in range(pieces):
+            step = base_step + s * pieces + j
+            prog.append(_send(right, out_b * block + j * per, step, scratch, count=per,
+                              src=mine if s == 0 else OUT))
+            prog.append(_recv_reduce(left, in_b * block + j * per, step, count=per,
+                                     scratch=scratch, src=mine))
     return prog
 
 
-def _ring_ag(ranks: list[int], me: int, block: int, base_step: int) -> list:
-    """Ring allgather among ``ranks``: position i starts owning block i of OUT."""
+def _ring_ag(ranks: list[int], me: int, block: int, base_step: int, pieces: int = 1) -> list:
+    """Ring allgather among ``ranks``: position i starts owning block i of OUT; blocks go
+    as ``pieces`` messages each, as in :func:`_ring_rs`."""
     n, i = len(ranks), ranks.index(me)
     right, left = ranks[(i + 1) % n], ranks[(i - 1) % n]
+    per = block // pieces
     # Granted only now: the blocks these land in were sources of earlier SENDs.
-    prog = [_grant(left, base_step + s) for s in range(n - 1)]
+    prog = [_grant(left, base_step + k) for k in range((n - 1) * pieces)]
     for s in range(n - 1):
-        prog.append(_send(right, ((i - s) % n) * block, base_step + s, OUT, count=block))
-        prog.append(_recv(left, ((i - s - 1) % n) * block, base_step + s, count=block))
+        for j in range(pieces):
+            step = base_step + s * pieces + j
+            prog.append(_send(right, ((i - s) % n) * block + j * per, step, OUT, count=per))
+            prog.append(_recv(left, ((i - s - 1) % n) * block + j * per, step, count=per))
     return prog
 
 
-def ring_allreduce(rank: int, world: int) -> list[Instr]:
+def ring_allreduce(rank: int, world: int, pieces: int = 1) -> list[Instr]:
+    """Ring reduce-scatter then ring allgather; ``pieces`` > 1 pipelines each step (see
+    :func:`_ring_rs`) at the cost of ``pieces`` times the messages and instructions."""
+    if pieces < 1:
+        raise ValueError(f"pieces: at least 1, not {pieces}")
     ranks = list(range(world))
-    return (_setup(world) + _ring_rs(ranks, rank, 1, 0, TMP)
-            + _ring_ag(ranks, rank, 1, world - 1) + [DONE])
+    fresh = world > 1   # a world of one only copies
+    return (_setup(world * pieces, copy=not fresh)
+            + _ring_rs(ranks, rank, pieces, 0, TMP, pieces, fresh)
+            + _ring_ag(ranks, rank, pieces, (world - 1) * pieces, pieces) + [DONE])
 
 
 def ring_reduce_scatter(rank: int, world: int) -> list[Instr]:
-    return _setup(world) + _ring_rs(list(range(world)), rank, 1, 0, TMP) + [DONE]
+    fresh = world > 1
+    return (_setup(world, copy=not fresh) + _ring_rs(list(range(world)), rank, 1, 0, TMP,
+                                                     fresh=fresh) + [DONE])
 
 
 def ring_allgather(rank: int, world: int) -> list[Instr]:
@@ -128,16 +154,21 @@ def rhd_allreduce(rank: int, world: int) -> list[Instr]:
     """
     p = 1 << (world.bit_length() - 1)
     rem = world - p
-    prog = _setup(p)
+    # OUT is not set from IN first (a world of one only copies): each rank's first SEND
+    # and first reduction take its own term from IN, as in the ring (see _ring_rs).
+    fresh = world > 1
+    prog = _setup(p, copy=not fresh)
     final_step = 1 + 2 * p.bit_length()
+    mine = IN if fresh else OUT
     if rank < 2 * rem and rank % 2 == 0:
-        prog.append(_send(rank + 1, 0, 0, TMP2, count=p))
+        prog.append(_send(rank + 1, 0, 0, TMP2, count=p, src=mine))
         prog.append(_grant(rank + 1, final_step))
         prog.append(_recv(rank + 1, 0, final_step, count=p))
         return [*prog, DONE]
     if rank < 2 * rem:
         prog.append(_grant(rank - 1, 0))
-        prog.append(_recv_reduce(rank - 1, 0, 0, count=p, scratch=TMP2))
+        prog.append(_recv_reduce(rank - 1, 0, 0, count=p, scratch=TMP2, src=mine))
+        mine = OUT   # the fold wrote all of OUT
         nr = rank // 2
     else:
         nr = rank - rem
@@ -159,8 +190,9 @@ def rhd_allreduce(rank: int, world: int) -> list[Instr]:
         half = size_ // 2
         keep = lo_ if nr & d == 0 else lo_ + half
         give = lo_ + half if nr & d == 0 else lo_
-        prog.append(_send(real(nr ^ d), give, st, TMP, count=half, xchunk=tb))
-        prog.append(_recv_reduce(real(nr ^ d), keep, st, count=half, xchunk=tb))
+        prog.append(_send(real(nr ^ d), give, st, TMP, count=half, xchunk=tb, src=mine))
+        prog.append(_recv_reduce(real(nr ^ d), keep, st, count=half, xchunk=tb, src=mine))
+        mine = OUT   # later steps work inside `keep`, reduced into OUT
     # Doubling: mirror the plan; each step sends what this rank owns to the partner,
     # which is exactly the region that partner does not own yet.
     own_lo, own = lo, size

@@ -35,6 +35,24 @@ def test_allreduce_programs(name, world, n):
             np.testing.assert_array_equal(o, np.sum(xs, axis=0))
 
 
+@pytest.mark.parametrize("pieces", [2, 3, 4])
+@pytest.mark.parametrize("world", [2, 3, 4, 5])
+@pytest.mark.parametrize("n", [5, 64, 1001])
+def test_pipelined_ring_allreduce(pieces, world, n):
+    """Each ring step as several messages (including empty ones when n is small)."""
+    xs = _inputs(world, n, seed=world + n + pieces)
+    for seed in SEEDS:
+        outs = _run([P.ring_allreduce(r, world, pieces) for r in range(world)], xs,
+                    seed=seed)
+        for o in outs:
+            np.testing.assert_array_equal(o, np.sum(xs, axis=0))
+
+
+def test_pipelined_ring_needs_a_piece():
+    with pytest.raises(ValueError, match="pieces"):
+        P.ring_allreduce(0, 4, 0)
+
+
 @pytest.mark.parametrize("name", ["ring_allreduce", "rhd_allreduce"])
 @pytest.mark.parametrize("op", [ReduceOp.MAX, ReduceOp.BXOR, ReduceOp.PROD])
 def test_allreduce_other_ops(name, op):
