@@ -6,6 +6,7 @@ figures include other people's load). Prints a table and writes
 bench/results/cluster_allreduce.json.
 
     .venv/bin/python bench/cluster_allreduce.py [--bytes 1048576] [--clock-mhz 250]
+        [--pieces 4] [--shared-memory]
         [--impair loss=1311,reorder=655,dup=655,corrupt=655] [--waves]
 
 Each run also prints the run summary read from the hardware (cycles, packets,
@@ -16,6 +17,7 @@ under ``previous`` so a change to the simulation's speed shows as before/after.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import tempfile
@@ -53,6 +55,15 @@ def previous_speed(path: Path) -> dict | None:
                      for r in old.get("results", [])]}
 
 
+def print_timeline(name: str, samples: list[list[int]]) -> None:
+    """Per sampling interval, each node's link utilisation (beats / cycles)."""
+    print(f"# {name}: link utilisation per interval (node 0 .. node {len(samples[0]) - 2})")
+    for a, b in itertools.pairwise(samples):
+        span = b[0] - a[0]
+        util = " ".join(f"{(y - x) / span:5.2f}" for x, y in zip(a[1:], b[1:], strict=True))
+        print(f"  {a[0] - samples[0][0]:>9} +{span:<6} {util}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--bytes", type=int, default=1 << 20, help="float32 bytes per rank")
@@ -62,6 +73,14 @@ def main() -> None:
                     help="link impairments for every link, e.g. loss=1311,reorder=655 "
                          "(probabilities in 1/65536, latency in cycles, rate in 1/65536 "
                          "beats per cycle)")
+    ap.add_argument("--pieces", type=int, default=4,
+                    help="messages per ring step (ring_allreduce's pipelining)")
+    ap.add_argument("--shared-memory", action="store_true",
+                    help="nodes on one shared memory port instead of a channel per "
+                         "datapath master (a separate build)")
+    ap.add_argument("--probe", type=int, default=0, metavar="CYCLES",
+                    help="sample every link's beat count every CYCLES cycles and print "
+                         "each node's link utilisation over time")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--waves", action="store_true", help="trace (FST or VCD) to the run "
                     "folder; also FPGACCL_WAVES=1")
@@ -69,7 +88,8 @@ def main() -> None:
     args = ap.parse_args()
     load = os.getloadavg()
     t0 = time.perf_counter()
-    sim, params = build_standard(waves=args.waves or None)
+    sim, params = build_standard(waves=args.waves or None,
+                                 split_memory=not args.shared_memory)
     build_s = time.perf_counter() - t0
     nodes, width = params["nodes"], params["width"]
     test_dir = sim.build_dir / "run_bench"
@@ -79,13 +99,15 @@ def main() -> None:
         run(sim, "fpgaccl.sim.benches.cluster", test_dir=test_dir,
             params={**params, "count": args.bytes // 4, "cases": args.cases,
                     "report": str(report), "float_only": True, "impair": args.impair,
-                    "seed": args.seed})
+                    "seed": args.seed, "pieces": args.pieces, "probe": args.probe})
         total_s = time.perf_counter() - t0
         got = json.loads(report.read_text())
     rows, summary = got["rows"], got["summary"]
     link = width // 8  # bytes per cycle on one link
-    print(f"# {nodes} simulated nodes, {width}-bit links ({link} B/cycle), "
-          f"clock {args.clock_mhz:g} MHz for the time columns")
+    memory = "one shared port" if args.shared_memory else "a channel per master"
+    print(f"# {nodes} simulated nodes, {width}-bit links ({link} B/cycle), memory: "
+          f"{memory}, ring pieces {args.pieces}, clock {args.clock_mhz:g} MHz for the "
+          f"time columns")
     print(f"{'collective':<16} {'size (B)':>10} {'type':>8} {'cycles':>9} {'time(us)':>9} "
           f"{'busbw B/cyc':>11} {'of link':>8} {'busbw GB/s':>10} {'cyc/s':>9} "
           f"{'node-cyc/s':>10} {'red. B/s':>10} {'ncyc/cpu-s':>10}")
@@ -110,6 +132,9 @@ def main() -> None:
               f"{row['busbw_gbps_at_clock']:>10.3f} {cps:>9.0f} {cps * nodes:>10.0f} "
               f"{reduced:>10.3g} {cpu_cps * nodes:>10.0f}")
     print(format_summary(summary))
+    for r in rows:
+        if r.get("link_beats"):
+            print_timeline(r["collective"], r["link_beats"])
     print(f"# simulation process {total_s:.1f} s (of which the collectives "
           f"{sum(r['wall_s'] for r in rows):.1f} s), build/cache check {build_s:.1f} s, "
           f"load average {load[0]:.2f} on {os.cpu_count()} cores")
@@ -121,6 +146,8 @@ def main() -> None:
     previous = previous_speed(path)
     path = write_results("cluster_allreduce", out, clock_mhz=args.clock_mhz, nodes=nodes,
                          width=width, impairments=args.impair, summary=summary,
+                         memory="shared" if args.shared_memory else "split",
+                         pieces=args.pieces,
                          process_s=total_s, build_s=build_s, load_average=load,
                          previous=previous)
     print(f"# wrote {path}")

@@ -8,6 +8,7 @@ import time
 
 import cocotb
 import numpy as np
+from cocotb.triggers import ClockCycles
 
 from fpgaccl.host.csr_plan import collective_writes, connect_writes, doorbell
 from fpgaccl.proto import programs as P
@@ -36,8 +37,14 @@ async def run(tb, name, gen, world, xs, dtype, op, coll_id, psn_seed):
     wall, cpu = time.perf_counter(), time.process_time()
     for k in range(world):
         await tb.csr_write(k, [doorbell(rmap, coll_id)])
+    probe = None
+    if tb.p.get("probe"):
+        tb.timeline = []
+        probe = cocotb.start_soon(sample_links(tb, world, tb.p["probe"], tb.timeline))
     # Only Verilator runs until the last node's `busy` falls.
     cycles = await tb.wait_idle((1 << world) - 1, start, tb.p.get("max_cycles", 2_000_000))
+    if probe is not None:
+        probe.cancel()
     # Wall time and this process's CPU time (the simulator and cocotb are this process):
     # on a shared machine the CPU time is the simulation's own cost.
     tb.last_wall = time.perf_counter() - wall
@@ -52,6 +59,17 @@ async def run(tb, name, gen, world, xs, dtype, op, coll_id, psn_seed):
     return outs, cycles
 
 
+async def sample_links(tb, world, every, out):
+    """Every ``every`` cycles, the beats each node has put on its link so far: the
+    link's utilisation over time (where the collective idles, and which node)."""
+    while True:
+        row = [int(tb.dut.cycles.value)]
+        for k in range(world):
+            row.append(await tb.link_read(k, "beats"))
+        out.append(row)
+        await ClockCycles(tb.dut.clk, every)
+
+
 @cocotb.test()
 async def collectives_on_the_cluster(dut):
     p = bench_params()
@@ -64,8 +82,10 @@ async def collectives_on_the_cluster(dut):
         await tb.impair(p.get("seed", 1), **p["impair"])
     log = []
     report = []
+    pieces = p.get("pieces", 4)   # messages per ring step: sends overlap reductions
     cases = [
-        ("ring_allreduce", lambda r: P.ring_allreduce(r, world), DType.INT32, np.int32),
+        ("ring_allreduce", lambda r: P.ring_allreduce(r, world, pieces), DType.INT32,
+         np.int32),
         ("rhd_allreduce", lambda r: P.rhd_allreduce(r, world), DType.FLOAT32, np.float32),
         ("chain_broadcast", lambda r: P.chain_broadcast(r, world, 1 % world), DType.INT32,
          np.int32),
@@ -90,7 +110,8 @@ async def collectives_on_the_cluster(dut):
         report.append({"collective": name, "nodes": world, "count": n,
                        "dtype": dtype.name.lower(), "bytes": int(xs[0].nbytes),
                        "cycles": cycles, "wall_s": tb.last_wall, "cpu_s": tb.last_cpu,
-                       "dropped": int(dut.dropped.value)})
+                       "dropped": int(dut.dropped.value),
+                       **({"link_beats": tb.timeline} if p.get("probe") else {})})
     summary = await tb.summary(world)
     log.append(format_summary(summary))
     dut._log.info("\n".join(log))

@@ -21,7 +21,8 @@ rate, one beat per cycle). The ring holds ``depth`` beats, so latency x bandwidt
 
 The registers sit behind a small bus (:data:`LINK_CFG`): word addresses in
 :data:`LINK_REGS` (read/write; writing ``seed`` reseeds the LFSRs) and
-:data:`LINK_COUNTERS` (read-only frame counts of what the link did).
+:data:`LINK_COUNTERS` (read-only counts of what the link did: frames, and the beats the
+sender put in and the cycles it was held back).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from fpgaccl.hw.stream.beat import beat_layout, beat_stream
 LINK_REGS = {"latency": 0, "rate": 1, "loss": 2, "dup": 3, "reorder": 4, "corrupt": 5,
              "seed": 6}
 LINK_COUNTERS = {"frames": 8, "dropped": 9, "duplicated": 10, "reordered": 11,
-                 "corrupted": 12}
+                 "corrupted": 12, "beats": 13, "stalled": 14}
 ONE = 1 << 16
 """Probabilities and the rate are fractions of this."""
 
@@ -116,6 +117,12 @@ class Link(wiring.Component):
             wp.addr.eq(wptr[:aw]), wp.data.eq(beat),
             dq.w_data.eq(Cat(wptr, now)),   # the descriptor layout: start, then ts
         ]
+        # Utilisation as the sender sees it: beats taken, and cycles it offered one the
+        # link (or the switch behind it) refused.
+        with m.If(self.i.valid & self.i.ready):
+            m.d.sync += counters["beats"].eq(counters["beats"] + 1)
+        with m.If(self.i.valid & ~self.i.ready):
+            m.d.sync += counters["stalled"].eq(counters["stalled"] + 1)
         with m.If(self.i.valid & self.i.ready):
             m.d.comb += [wp.en.eq(1), dq.w_en.eq(beat.first)]
             m.d.sync += [wptr.eq(wptr + 1), lastv.bit_select(wptr[:aw], 1).eq(beat.last)]
