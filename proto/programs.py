@@ -104,9 +104,9 @@ def ring_allreduce(rank: int, world: int, pieces: int = 1) -> list[Instr]:
 
 
 def ring_reduce_scatter(rank: int, world: int) -> list[Instr]:
-    fresh = world > 1
-    return (_setup(world, copy=not fresh) + _ring_rs(list(range(world)), rank, 1, 0, TMP,
-                                                     fresh=fresh) + [DONE])
+    # Copies IN to OUT first (unlike the allreduce) so every chunk of OUT is defined:
+    # the other ranks' chunks hold this rank's partial sums.
+    return _setup(world) + _ring_rs(list(range(world)), rank, 1, 0, TMP) + [DONE]
 
 
 def ring_allgather(rank: int, world: int) -> list[Instr]:
