@@ -270,6 +270,18 @@ class Engine:
             n = min(per, k - i)
             self._sendmsg(flat[3 * i:3 * (i + n)], addr, seg, n)
 
+    def transmit_rows(self, flat: memoryview, k: int, seg: int, addr: tuple[str, int]) -> None:
+        """Send ``k`` datagrams of ``seg`` bytes lying back to back in ``flat``: with GSO,
+        as many per system call as one UDP datagram can carry, as one buffer."""
+        if not self.gso or self._tap is not None:
+            for b in range(0, k * seg, seg):
+                self.transmit((flat[b:b + seg],), addr)
+            return
+        per = max(1, min(GSO_MAX_SEGMENTS, GSO_MAX_BYTES // seg))
+        for i in range(0, k, per):
+            n = min(per, k - i)
+            self._sendmsg((flat[i * seg:(i + n) * seg],), addr, seg, n)
+
     def _sendmsg(self, parts: tuple | list, addr: tuple[str, int], seg: int = 0,
                  count: int = 1) -> None:
         anc = [(SOL_UDP, UDP_SEGMENT, _GSO_SIZE.pack(seg))] if count > 1 else ()
