@@ -23,6 +23,7 @@ immediate data reads:
 
 from __future__ import annotations
 
+import struct
 from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -141,6 +142,20 @@ class Message:
         if self.rows is None:
             return self.data[off:off + n]
         return memoryview(self.rows[off // mtu])[wire.BTH_LEN:wire.BTH_LEN + n]
+
+
+_RUN_FORMATS: dict[tuple[int, int], tuple[struct.Struct, struct.Struct]] = {}
+
+
+def _run_formats(k: int, seg: int) -> tuple[struct.Struct, struct.Struct]:
+    """Structs reading, from ``k`` datagrams of ``seg`` bytes back to back, each one's
+    first 8 BTH bytes and PSN word (big-endian), and each one's ICRC (little-endian)."""
+    fmts = _RUN_FORMATS.get((k, seg))
+    if fmts is None:
+        fmts = _RUN_FORMATS[(k, seg)] = (
+            struct.Struct(">" + f"QI{seg - wire.BTH_LEN}x" * k),
+            struct.Struct("<" + f"{seg - wire.ICRC_LEN}xI" * k))
+    return fmts
 
 
 ANY_QP = -1
@@ -562,29 +577,37 @@ class QueuePair:
         k, seg = rows.shape
         pay = seg - wire.BTH_LEN - wire.ICRC_LEN
         k = min(k, (self.w_len - self.w_done) // pay)
-        head = bytes(buf[0:8])  # opcode, flags + pad + version, P_Key, QPN word
-        _, _, _, dqpn, _ = wire.BTH_FMT.unpack_from(head + bytes(4))
+        if k <= 0:
+            return 0
+        _, _, _, dqpn, _ = wire.BTH_FMT.unpack_from(buf)
         # CRC state after the masked first 8 BTH bytes; the PSN word is covered unmasked
         # and lies right before the payload, so one CRC call per packet covers both.
         state = wire.crc32(wire.bth_masked(_MIDDLE, 0, dqpn & 0xFFFFFF, False, 0)[:8], seed)
         view = memoryview(buf)
-        word, crc32, icrc = wire.IMM_FMT.unpack_from, wire.crc32, wire.ICRC_FMT.unpack_from
+        crc32 = wire.crc32
+        covered = seg - wire.ICRC_LEN - 8
+        crcs = [crc32(view[b:b + covered], state) for b in range(8, k * seg, seg)]
+        bth_run, icrc_run = _run_formats(k, seg)
+        hdr = bth_run.unpack_from(buf)  # per packet: BTH bytes 0..7 as one word, PSN word
+        icrcs = icrc_run.unpack_from(buf)
+        heads, words = hdr[0::2], hdr[1::2]
         psn = self.epsn
-        ackreq = 0
-        m = 0
-        base = 0
-        tail = seg - wire.ICRC_LEN
-        while m < k:
-            (w,) = word(buf, base + 8)
-            # resv7 must be 0 (on_write's ICRC check reads those bits as 0).
-            if (w & ~wire.ACKREQ) != psn or not buf.startswith(head, base) or \
-                    crc32(view[base + 8:base + tail], state) & 0xFFFFFFFF != \
-                    icrc(buf, base + tail)[0]:
-                break
-            ackreq |= w
-            psn = (psn + 1) & wire.PSN_MASK
-            base += seg
-            m += 1
+        if psn + k <= wire.PSN_MASK + 1:
+            want = list(range(psn, psn + k))
+        else:
+            want = [(psn + i) & wire.PSN_MASK for i in range(k)]
+        # resv7 must be 0 (on_write's ICRC check reads those bits as 0), hence the PSN
+        # word is compared whole but for AckReq.
+        got = [w & ~wire.ACKREQ for w in words]
+        if crcs == list(icrcs) and got == want and heads == (heads[0],) * k:
+            m = k  # the usual case: every check passed, compared list to list in C
+            ackreq = max(words)
+        else:  # walk to the first packet that fails any check
+            m = ackreq = 0
+            while m < k and crcs[m] == icrcs[m] and got[m] == want[m] and heads[m] == heads[0]:
+                ackreq |= words[m]
+                m += 1
+        psn = (psn + m) & wire.PSN_MASK
         if not m:
             return 0
         start = self.w_off + self.w_done
