@@ -39,7 +39,7 @@ from fpgaccl.proto.reduce import DType, ReduceOp
 from . import algorithms as alg
 from . import wire
 from .buffers import UserBuffer, as_buffer, resolve_op
-from .engine import Engine, Job
+from .engine import SOFTWARE_WINDOW_BYTES, Engine, Job
 from .executor import DEFAULT_STAGE_BYTES, CollectiveRegion, execute, setup_chunks
 from .link import ImpairedLink
 from .pcap import PcapWriter
@@ -187,7 +187,7 @@ class Communicator:
                               "rkey": qp.ring.rkey}
         self.region = CollectiveRegion(self.engine, stage_bytes)
         info = {"ip": self.engine.addr[0], "port": self.engine.addr[1], "qps": qps,
-                "coll": self.region.info()}
+                "coll": self.region.info(), "backend": "software"}
         table = exchange(rank, world_size, (socket.gethostbyname(master_addr), master_port),
                          info, rendezvous_timeout_s)
         for peer, qp in self.engine.by_peer.items():
@@ -196,6 +196,12 @@ class Communicator:
                        local_ip=self.engine.addr[0], send_psn=psn0[peer],
                        recv_psn=theirs["psn"], remote_va=theirs["va"],
                        remote_rkey=theirs["rkey"])
+            if table[peer].get("backend") == "software":
+                qp.ack_delay = self.engine.ack_delay_s
+        # Only software peers: a bigger send window (an HDL node's receive path has no
+        # socket buffer to absorb one).
+        if all(t.get("backend") == "software" for t in table):
+            self.engine.window = max(self.engine.window, SOFTWARE_WINDOW_BYTES // self.engine.mtu)
         self.peers = [(t["ip"], t["port"]) for t in table]
         self.remotes = {p: CollectiveRegion.remote(table[p]["coll"])
                         for p in range(world_size) if p != rank}

@@ -57,6 +57,12 @@ _GRO_SIZE = struct.Struct("=i")
 _GRO_CMSG_SPACE = socket.CMSG_SPACE(_GRO_SIZE.size)
 
 
+ACK_DELAY_S = 0.002
+SOFTWARE_WINDOW_BYTES = 1 << 20
+"""Send window when every peer is a software engine: three peers at once fit its 4 MiB
+socket buffer, and on a shared CPU a descheduled receiver then stalls its sender less."""
+
+
 class Job:
     """One submitted program; the host waits on it."""
 
@@ -178,6 +184,12 @@ class Engine:
         self.sock.close()
         self._wake_r.close()
         self._wake_w.close()
+
+    @property
+    def ack_delay_s(self) -> float:
+        """How long a software peer's sequencer-message ACK may wait to be coalesced:
+        well inside the retransmit timeout, so it never makes the sender resend."""
+        return min(ACK_DELAY_S, self.rto_s / 10)
 
     def idle_for(self, seconds: float) -> None:
         """Keep answering retransmissions for a while (used at close)."""
@@ -332,7 +344,7 @@ class Engine:
                 busy = self._receive()
                 now = time.monotonic()
                 for qp in self.by_peer.values():
-                    qp.flush_ack()
+                    qp.flush_ack(now)
                     if qp.has_work() and qp.pump(now):
                         busy = True
                     qp.check_timer(now, self.rto_s)
@@ -362,6 +374,8 @@ class Engine:
         for qp in self.by_peer.values():
             if qp.outstanding:
                 wait = min(wait, max(0.0, qp.last_progress + self.rto_s - now))
+            if qp.ack_due > 0:
+                wait = min(wait, max(0.0, qp.ack_due - now))
         if self._jobs:
             job = self._jobs[0]
             wait = min(wait, max(0.0, job.started + job.deadline_s - now))

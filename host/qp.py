@@ -208,6 +208,12 @@ class QueuePair:
         self.msn = 0
         self.nak_sent = False
         self.ack_pending = False
+        # Deferred ACKs (software peers only: the communicator sets ``ack_delay`` from the
+        # rendezvous): ack_due 0 = none, -1 = one waits for the engine to stamp it, else
+        # the monotonic time it is due. An HDL peer keeps immediate ACKs: its retransmit
+        # timer counts clock cycles, not milliseconds.
+        self.ack_delay = 0.0
+        self.ack_due = 0.0
         self.w_off = -1  # ring offset of the WRITE in progress, -1 when none
         self.w_len = 0
         self.w_done = 0
@@ -545,7 +551,13 @@ class QueuePair:
         self.epsn = (self.epsn + 1) & wire.PSN_MASK
         self.nak_sent = False
         if ackreq:
-            self.ack_pending = True
+            if self.ack_delay and opcode in _ENDS and self.w_mr is not self.ring:
+                # A sequencer message's end: its sender waits on no ACK (only its window
+                # and retransmit timer do), so the ACK may wait to cover later ones too.
+                if not self.ack_due:
+                    self.ack_due = -1.0
+            else:
+                self.ack_pending = True
         if opcode in _ENDS:
             self.msn = (self.msn + 1) & 0xFFFFFF
             if imm >= 0 and self.w_mr is not self.ring:
@@ -633,10 +645,20 @@ class QueuePair:
                                syndrome, self.msn, self.local_port, self.addr[1])
         self.engine.transmit((dg,), self.addr)
 
-    def flush_ack(self) -> None:
+    def flush_ack(self, now: float | None = None) -> None:
+        """Send the ACK that is due: an immediate one, or a deferred one (see
+        ``ack_delay``) once its time has come (``now`` None: at once). ACKs are
+        cumulative, so either covers everything received so far."""
         if self.ack_pending:
             self.ack_pending = False
+            self.ack_due = 0.0
             self.send_ack(wire.ACK_SYNDROME, (self.epsn - 1) & wire.PSN_MASK)
+        elif self.ack_due:
+            if now is not None and self.ack_due < 0:
+                self.ack_due = now + self.ack_delay  # first seen now: due after the delay
+            elif now is None or now >= self.ack_due:
+                self.ack_due = 0.0
+                self.send_ack(wire.ACK_SYNDROME, (self.epsn - 1) & wire.PSN_MASK)
 
     def give_back(self, slot: int) -> None:
         """Return a consumed ring slot to the peer."""

@@ -417,3 +417,27 @@ def test_staged_message_sends_the_same_datagrams(nbytes: int, rows: bool) -> Non
     first = min(16, -(-nbytes // 256))
     assert psns[:first] == [((1 << 24) - 13 + i) & wire.PSN_MASK for i in range(first)]
     assert len(psns) > -(-nbytes // 256)
+
+
+def _deferred_acks(comm) -> dict:
+    x = np.full(2, comm.rank + 1, np.float32)
+    for _ in range(5):
+        comm.allreduce(x, algo="rhd")  # sequencer messages only: every ACK may be deferred
+    time.sleep(0.03)  # past the ACK delay, short of the 50 ms retransmit timeout
+    eng = comm.engine
+    # 1 + 2 = 3 after the first call, then each call doubles: 3 * 2**4.
+    return {"ok": bool(np.all(x == 3 * 2 ** 4)),
+            "outstanding": sum(q.inflight for q in eng.by_peer.values()),
+            "timeouts": eng.stats["timeouts"], "delay": eng.by_peer[1 - comm.rank].ack_delay,
+            "acks": eng.stats["acks_tx"], "window": eng.window}
+
+
+def test_deferred_acks_arrive_without_further_traffic() -> None:
+    # Between software peers a sequencer message's ACK waits up to the ACK delay to cover
+    # later ones; once traffic stops the engine must still send it on time (its poll wakes
+    # for it), or every sender would sit out a retransmit timeout.
+    res = all_ok(run_world(2, _deferred_acks, comm_kw={"rto_s": 0.05}))
+    for r in res:
+        assert r["ok"] and r["delay"] > 0
+        assert r["outstanding"] == 0 and r["timeouts"] == 0, r
+        assert r["window"] == 256  # 1 MiB of 4096-byte packets: software peers only
