@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import ipaddress
 import os
 import socket
@@ -58,6 +59,14 @@ RHD_MAX_BYTES = 1 << 20
 """allreduce: recursive halving-doubling up to here (latency), ring beyond (bandwidth)."""
 CHAIN_SEGMENT_BYTES = 64 * 1024
 """chain broadcast/reduce: pipeline segments of about this size (4 to 64 of them)."""
+
+
+@functools.lru_cache(maxsize=256)
+def _library(gen: Any, *args: Any) -> tuple[Instr, ...]:
+    """A library program, built once per (generator, arguments): building one costs
+    ~50 us, a sizeable part of a small collective. Instructions are frozen; the tuple
+    cannot be changed by whoever runs it."""
+    return tuple(gen(*args))
 
 
 def chain_segments(nbytes: int) -> int:
@@ -221,7 +230,7 @@ class Communicator:
         handle = Handle(job, result, keep, self.rank)
         return handle if async_op else handle.wait()
 
-    def _segments(self, program: list[Instr], *, m: int, blocks: int,
+    def _segments(self, program: Sequence[Instr], *, m: int, blocks: int,
                   dt: np.dtype) -> tuple[int, int, int]:
         """Elements per segment, segment count and the first coll_id of a program run
         over ``blocks`` blocks of ``m`` elements. Every backend cuts and numbers
@@ -238,7 +247,7 @@ class Communicator:
             self._coll = (self._coll + nseg) & 0xFFFF
         return seg, nseg, c0
 
-    def _program(self, name: str, program: list[Instr], *, m: int, blocks: int,
+    def _program(self, name: str, program: Sequence[Instr], *, m: int, blocks: int,
                  dt: np.dtype, op: str | None, get_in: Any, put_out: Any, result: Any,
                  keep: list[UserBuffer], async_op: bool) -> Any:
         """Run ``program`` over ``blocks`` blocks of ``m`` elements, in as many segments
@@ -355,7 +364,7 @@ class Communicator:
 
             return self._submit("allreduce", program(), result, [s, r], async_op)
         gen = lib.ring_allreduce if algo == "ring" else lib.rhd_allreduce
-        prog = gen(self.rank, self.world_size)
+        prog = _library(gen, self.rank, self.world_size)
 
         def put_out(out: np.ndarray, lo: int, hi: int) -> None:
             work[lo:hi] = out
@@ -384,8 +393,8 @@ class Communicator:
         sa = s.array
         result = self._out(r, sendbuf if inplace else recvbuf) if is_root else None
         if algo == "chain":
-            prog = lib.chain_reduce(self.rank, self.world_size, root,
-                                    segments=chain_segments(sa.nbytes))
+            prog = _library(lib.chain_reduce, self.rank, self.world_size, root,
+                            chain_segments(sa.nbytes))
             dest = r.array if is_root else None
 
             def put_out(out: np.ndarray, lo: int, hi: int) -> None:
@@ -417,8 +426,8 @@ class Communicator:
         algo = self._algo("broadcast", algo, "chain")
         work = b.array
         if algo == "chain":
-            prog = lib.chain_broadcast(self.rank, self.world_size, root,
-                                       segments=chain_segments(work.nbytes))
+            prog = _library(lib.chain_broadcast, self.rank, self.world_size, root,
+                            chain_segments(work.nbytes))
             is_root = self.rank == root
 
             def put_out(out: np.ndarray, lo: int, hi: int) -> None:
@@ -470,8 +479,8 @@ class Communicator:
             out[lo:hi] = res[me * k:(me + 1) * k]
 
         result = self._out(r, recvbuf) if recvbuf is not None else out
-        return self._program("reduce_scatter", lib.ring_reduce_scatter(me, p), m=n, blocks=p,
-                             dt=sa.dtype, op=op, get_in=self._gather_in(sa, n, p, True),
+        return self._program("reduce_scatter", _library(lib.ring_reduce_scatter, me, p), m=n,
+                             blocks=p, dt=sa.dtype, op=op, get_in=self._gather_in(sa, n, p, True),
                              put_out=put_out, result=result, keep=[s, r], async_op=async_op)
 
     def allgather(self, sendbuf: Any, recvbuf: Any = None, *, algo: str | None = None,
@@ -513,7 +522,7 @@ class Communicator:
                 staged[me * k:(me + 1) * k] = mine[lo:hi]
                 return staged
 
-        return self._program("allgather", lib.ring_allgather(me, p), m=n, blocks=p,
+        return self._program("allgather", _library(lib.ring_allgather, me, p), m=n, blocks=p,
                              dt=out.dtype, op=None, get_in=get_in,
                              put_out=self._scatter_out(out, n, p),
                              result=self._out(r, recvbuf if recvbuf is not None else sendbuf),
@@ -541,7 +550,7 @@ class Communicator:
                                          "blocks")
         self._algo("alltoall", algo, "direct")
         sa = s.array
-        return self._program("alltoall", lib.alltoall(self.rank, p), m=n, blocks=p,
+        return self._program("alltoall", _library(lib.alltoall, self.rank, p), m=n, blocks=p,
                              dt=sa.dtype, op=None, get_in=self._gather_in(sa, n, p, True),
                              put_out=self._scatter_out(r.array, n, p),
                              result=self._out(r, recvbuf if recvbuf is not None else sendbuf),

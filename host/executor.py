@@ -54,7 +54,7 @@ space only.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Generator
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -185,23 +185,39 @@ class _Head:
         return bool(self.queue)
 
 
-def setup_chunks(program: list[Instr]) -> int:
+def setup_chunks(program: Sequence[Instr]) -> int:
     """The largest chunk count any SETUP of ``program`` asks for (1 without SETUP)."""
-    return max((i.step for i in program if i.op is SeqOp.SETUP), default=1)
+    return _facts(program)[1]
 
 
-def writes_in(program: list[Instr]) -> bool:
+def writes_in(program: Sequence[Instr]) -> bool:
     """Whether the program writes IN locally or waits for data landed in IN."""
-    for i in program:
-        if i.op in (SeqOp.COPY, SeqOp.RECV) and i.buf is Buf.IN:
-            return True
-        if i.op is SeqOp.RECV_REDUCE and Buf.IN in (i.buf, i.rbuf):
-            return True
-    return False
+    return _facts(program)[2]
+
+
+_FACTS: dict[int, tuple[Sequence[Instr], int, bool]] = {}
+
+
+def _facts(program: Sequence[Instr]) -> tuple[Sequence[Instr], int, bool]:
+    """(program, setup_chunks, writes_in). A tuple (the communicator's cached library
+    programs) is looked at once; the entry holds the tuple, so its id stays its own."""
+    if isinstance(program, tuple):
+        got = _FACTS.get(id(program))
+        if got is not None and got[0] is program:
+            return got
+    nch = max((i.step for i in program if i.op is SeqOp.SETUP), default=1)
+    w_in = any((i.op in (SeqOp.COPY, SeqOp.RECV) and i.buf is Buf.IN)
+               or (i.op is SeqOp.RECV_REDUCE and Buf.IN in (i.buf, i.rbuf)) for i in program)
+    got = (program, nch, w_in)
+    if isinstance(program, tuple):
+        if len(_FACTS) >= 512:
+            _FACTS.clear()
+        _FACTS[id(program)] = got
+    return got
 
 
 def execute(engine: Engine, region: CollectiveRegion, remotes: dict[int, RemoteBuffers],
-            program: list[Instr], *, rank: int, coll_id: int, count: int, dtype: DType,
+            program: Sequence[Instr], *, rank: int, coll_id: int, count: int, dtype: DType,
             op: ReduceOp, inbuf: np.ndarray) -> Generator[Any, None, None]:
     """Run ``program`` on this rank (a generator for :meth:`Engine.submit`).
 

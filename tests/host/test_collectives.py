@@ -54,3 +54,28 @@ def test_reduce_into_is_the_reference_bit_for_bit(nt: str, opname: str) -> None:
             reduce_into(dtype, op, x, y, out)
             assert out.view(np.uint8).tobytes() == want.view(np.uint8).tobytes(), \
                 (nt, opname, alias, a, b)
+
+
+def test_cached_library_programs_keep_their_facts() -> None:
+    # The communicator builds each library program once (a tuple) and the executor
+    # remembers each tuple's chunk count and whether it writes IN; a list, or a new
+    # program, is looked at afresh, and the answers agree with a direct reading.
+    from fpgaccl.host.communicator import _library
+    from fpgaccl.host.executor import setup_chunks, writes_in
+    from fpgaccl.proto import programs as lib
+    from fpgaccl.proto.isa import Buf, SeqOp
+
+    for name in ("ring_allreduce", "rhd_allreduce", "ring_reduce_scatter", "ring_allgather",
+                 "chain_broadcast", "chain_reduce", "alltoall"):
+        gen = lib.LIBRARY[name]
+        for world in (2, 3, 4, 5):
+            for rank in range(world):
+                listed = gen(rank, world)
+                cached = _library(gen, rank, world)
+                assert cached is _library(gen, rank, world) and list(cached) == listed
+                nch = max((i.step for i in listed if i.op is SeqOp.SETUP), default=1)
+                writes = (SeqOp.COPY, SeqOp.RECV, SeqOp.RECV_REDUCE)
+                w_in = any((i.buf is Buf.IN and i.op in writes)
+                           or (i.op is SeqOp.RECV_REDUCE and i.rbuf is Buf.IN) for i in listed)
+                for prog in (cached, cached, listed):
+                    assert setup_chunks(prog) == nch and writes_in(prog) == w_in
