@@ -69,6 +69,11 @@ def _library(gen: Any, *args: Any) -> tuple[Instr, ...]:
     return tuple(gen(*args))
 
 
+# numpy's dtype.name is Python-level and slow (~20 us a call): look each up once.
+_dtype_of = functools.lru_cache(maxsize=64)(DType.from_numpy)
+_op_of = functools.lru_cache(maxsize=64)(ReduceOp.from_name)
+
+
 def chain_segments(nbytes: int) -> int:
     return max(4, min(64, nbytes // CHAIN_SEGMENT_BYTES))
 
@@ -256,8 +261,8 @@ class Communicator:
         ``get_in(lo, hi)`` gives IN for elements ``[lo, hi)`` of every block;
         ``put_out(out, lo, hi)`` stores the region's OUT after that segment.
         """
-        dtype = DType.from_numpy(dt)
-        rop = ReduceOp.from_name(op) if op else ReduceOp.SUM
+        dtype = _dtype_of(dt)
+        rop = _op_of(op) if op else ReduceOp.SUM
         seg, nseg, c0 = self._segments(program, m=m, blocks=blocks, dt=dt)
         engine, region, remotes, rank = self.engine, self.region, self.remotes, self.rank
 
