@@ -334,7 +334,11 @@ def test_gso_runs_recover_from_kernel_drops() -> None:
         for job in jobs:
             assert job.event.wait(90) and job.error is None, job.error
         assert np.array_equal(dest, data)
-        assert a.stats["retransmits"] > 0 and b.drops[DropReason.PSN_OUT_OF_ORDER] > 0
+        # Recovered by go-back-N: after a NAK when a later packet showed the gap, or after
+        # a timeout when the kernel dropped the tail of a burst; which of them depends on
+        # scheduling (on a loaded machine there may be no NAK at all), so only the resend
+        # itself is required.
+        assert a.stats["retransmits"] > 0
         if a.gso and b.gro:
             assert b.stats["rx_coalesced"] > 0
     finally:
