@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import ipaddress
 import os
 import socket
@@ -39,7 +40,7 @@ from fpgaccl.proto.reduce import DType, ReduceOp
 from . import algorithms as alg
 from . import wire
 from .buffers import UserBuffer, as_buffer, resolve_op
-from .engine import Engine, Job
+from .engine import SOFTWARE_WINDOW_BYTES, Engine, Job
 from .executor import DEFAULT_STAGE_BYTES, CollectiveRegion, execute, setup_chunks
 from .link import ImpairedLink
 from .pcap import PcapWriter
@@ -58,6 +59,19 @@ RHD_MAX_BYTES = 1 << 20
 """allreduce: recursive halving-doubling up to here (latency), ring beyond (bandwidth)."""
 CHAIN_SEGMENT_BYTES = 64 * 1024
 """chain broadcast/reduce: pipeline segments of about this size (4 to 64 of them)."""
+
+
+@functools.lru_cache(maxsize=256)
+def _library(gen: Any, *args: Any) -> tuple[Instr, ...]:
+    """A library program, built once per (generator, arguments): building one costs
+    ~50 us, a sizeable part of a small collective. Instructions are frozen; the tuple
+    cannot be changed by whoever runs it."""
+    return tuple(gen(*args))
+
+
+# numpy's dtype.name is Python-level and slow (~20 us a call): look each up once.
+_dtype_of = functools.lru_cache(maxsize=64)(DType.from_numpy)
+_op_of = functools.lru_cache(maxsize=64)(ReduceOp.from_name)
 
 
 def chain_segments(nbytes: int) -> int:
@@ -187,7 +201,7 @@ class Communicator:
                               "rkey": qp.ring.rkey}
         self.region = CollectiveRegion(self.engine, stage_bytes)
         info = {"ip": self.engine.addr[0], "port": self.engine.addr[1], "qps": qps,
-                "coll": self.region.info()}
+                "coll": self.region.info(), "backend": "software"}
         table = exchange(rank, world_size, (socket.gethostbyname(master_addr), master_port),
                          info, rendezvous_timeout_s)
         for peer, qp in self.engine.by_peer.items():
@@ -196,6 +210,12 @@ class Communicator:
                        local_ip=self.engine.addr[0], send_psn=psn0[peer],
                        recv_psn=theirs["psn"], remote_va=theirs["va"],
                        remote_rkey=theirs["rkey"])
+            if table[peer].get("backend") == "software":
+                qp.ack_delay = self.engine.ack_delay_s
+        # Only software peers: a bigger send window (an HDL node's receive path has no
+        # socket buffer to absorb one).
+        if all(t.get("backend") == "software" for t in table):
+            self.engine.window = max(self.engine.window, SOFTWARE_WINDOW_BYTES // self.engine.mtu)
         self.peers = [(t["ip"], t["port"]) for t in table]
         self.remotes = {p: CollectiveRegion.remote(table[p]["coll"])
                         for p in range(world_size) if p != rank}
@@ -215,7 +235,7 @@ class Communicator:
         handle = Handle(job, result, keep, self.rank)
         return handle if async_op else handle.wait()
 
-    def _segments(self, program: list[Instr], *, m: int, blocks: int,
+    def _segments(self, program: Sequence[Instr], *, m: int, blocks: int,
                   dt: np.dtype) -> tuple[int, int, int]:
         """Elements per segment, segment count and the first coll_id of a program run
         over ``blocks`` blocks of ``m`` elements. Every backend cuts and numbers
@@ -232,7 +252,7 @@ class Communicator:
             self._coll = (self._coll + nseg) & 0xFFFF
         return seg, nseg, c0
 
-    def _program(self, name: str, program: list[Instr], *, m: int, blocks: int,
+    def _program(self, name: str, program: Sequence[Instr], *, m: int, blocks: int,
                  dt: np.dtype, op: str | None, get_in: Any, put_out: Any, result: Any,
                  keep: list[UserBuffer], async_op: bool) -> Any:
         """Run ``program`` over ``blocks`` blocks of ``m`` elements, in as many segments
@@ -241,8 +261,8 @@ class Communicator:
         ``get_in(lo, hi)`` gives IN for elements ``[lo, hi)`` of every block;
         ``put_out(out, lo, hi)`` stores the region's OUT after that segment.
         """
-        dtype = DType.from_numpy(dt)
-        rop = ReduceOp.from_name(op) if op else ReduceOp.SUM
+        dtype = _dtype_of(dt)
+        rop = _op_of(op) if op else ReduceOp.SUM
         seg, nseg, c0 = self._segments(program, m=m, blocks=blocks, dt=dt)
         engine, region, remotes, rank = self.engine, self.region, self.remotes, self.rank
 
@@ -349,7 +369,7 @@ class Communicator:
 
             return self._submit("allreduce", program(), result, [s, r], async_op)
         gen = lib.ring_allreduce if algo == "ring" else lib.rhd_allreduce
-        prog = gen(self.rank, self.world_size)
+        prog = _library(gen, self.rank, self.world_size)
 
         def put_out(out: np.ndarray, lo: int, hi: int) -> None:
             work[lo:hi] = out
@@ -378,8 +398,8 @@ class Communicator:
         sa = s.array
         result = self._out(r, sendbuf if inplace else recvbuf) if is_root else None
         if algo == "chain":
-            prog = lib.chain_reduce(self.rank, self.world_size, root,
-                                    segments=chain_segments(sa.nbytes))
+            prog = _library(lib.chain_reduce, self.rank, self.world_size, root,
+                            chain_segments(sa.nbytes))
             dest = r.array if is_root else None
 
             def put_out(out: np.ndarray, lo: int, hi: int) -> None:
@@ -411,8 +431,8 @@ class Communicator:
         algo = self._algo("broadcast", algo, "chain")
         work = b.array
         if algo == "chain":
-            prog = lib.chain_broadcast(self.rank, self.world_size, root,
-                                       segments=chain_segments(work.nbytes))
+            prog = _library(lib.chain_broadcast, self.rank, self.world_size, root,
+                            chain_segments(work.nbytes))
             is_root = self.rank == root
 
             def put_out(out: np.ndarray, lo: int, hi: int) -> None:
@@ -464,8 +484,8 @@ class Communicator:
             out[lo:hi] = res[me * k:(me + 1) * k]
 
         result = self._out(r, recvbuf) if recvbuf is not None else out
-        return self._program("reduce_scatter", lib.ring_reduce_scatter(me, p), m=n, blocks=p,
-                             dt=sa.dtype, op=op, get_in=self._gather_in(sa, n, p, True),
+        return self._program("reduce_scatter", _library(lib.ring_reduce_scatter, me, p), m=n,
+                             blocks=p, dt=sa.dtype, op=op, get_in=self._gather_in(sa, n, p, True),
                              put_out=put_out, result=result, keep=[s, r], async_op=async_op)
 
     def allgather(self, sendbuf: Any, recvbuf: Any = None, *, algo: str | None = None,
@@ -507,7 +527,7 @@ class Communicator:
                 staged[me * k:(me + 1) * k] = mine[lo:hi]
                 return staged
 
-        return self._program("allgather", lib.ring_allgather(me, p), m=n, blocks=p,
+        return self._program("allgather", _library(lib.ring_allgather, me, p), m=n, blocks=p,
                              dt=out.dtype, op=None, get_in=get_in,
                              put_out=self._scatter_out(out, n, p),
                              result=self._out(r, recvbuf if recvbuf is not None else sendbuf),
@@ -535,7 +555,7 @@ class Communicator:
                                          "blocks")
         self._algo("alltoall", algo, "direct")
         sa = s.array
-        return self._program("alltoall", lib.alltoall(self.rank, p), m=n, blocks=p,
+        return self._program("alltoall", _library(lib.alltoall, self.rank, p), m=n, blocks=p,
                              dt=sa.dtype, op=None, get_in=self._gather_in(sa, n, p, True),
                              put_out=self._scatter_out(r.array, n, p),
                              result=self._out(r, recvbuf if recvbuf is not None else sendbuf),

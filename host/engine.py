@@ -57,6 +57,12 @@ _GRO_SIZE = struct.Struct("=i")
 _GRO_CMSG_SPACE = socket.CMSG_SPACE(_GRO_SIZE.size)
 
 
+ACK_DELAY_S = 0.002
+SOFTWARE_WINDOW_BYTES = 1 << 20
+"""Send window when every peer is a software engine: three peers at once fit its 4 MiB
+socket buffer, and on a shared CPU a descheduled receiver then stalls its sender less."""
+
+
 class Job:
     """One submitted program; the host waits on it."""
 
@@ -179,6 +185,12 @@ class Engine:
         self._wake_r.close()
         self._wake_w.close()
 
+    @property
+    def ack_delay_s(self) -> float:
+        """How long a software peer's sequencer-message ACK may wait to be coalesced:
+        well inside the retransmit timeout, so it never makes the sender resend."""
+        return min(ACK_DELAY_S, self.rto_s / 10)
+
     def idle_for(self, seconds: float) -> None:
         """Keep answering retransmissions for a while (used at close)."""
         time.sleep(seconds)
@@ -270,6 +282,18 @@ class Engine:
             n = min(per, k - i)
             self._sendmsg(flat[3 * i:3 * (i + n)], addr, seg, n)
 
+    def transmit_rows(self, flat: memoryview, k: int, seg: int, addr: tuple[str, int]) -> None:
+        """Send ``k`` datagrams of ``seg`` bytes lying back to back in ``flat``: with GSO,
+        as many per system call as one UDP datagram can carry, as one buffer."""
+        if not self.gso or self._tap is not None:
+            for b in range(0, k * seg, seg):
+                self.transmit((flat[b:b + seg],), addr)
+            return
+        per = max(1, min(GSO_MAX_SEGMENTS, GSO_MAX_BYTES // seg))
+        for i in range(0, k, per):
+            n = min(per, k - i)
+            self._sendmsg((flat[i * seg:(i + n) * seg],), addr, seg, n)
+
     def _sendmsg(self, parts: tuple | list, addr: tuple[str, int], seg: int = 0,
                  count: int = 1) -> None:
         anc = [(SOL_UDP, UDP_SEGMENT, _GSO_SIZE.pack(seg))] if count > 1 else ()
@@ -320,7 +344,7 @@ class Engine:
                 busy = self._receive()
                 now = time.monotonic()
                 for qp in self.by_peer.values():
-                    qp.flush_ack()
+                    qp.flush_ack(now)
                     if qp.has_work() and qp.pump(now):
                         busy = True
                     qp.check_timer(now, self.rto_s)
@@ -350,6 +374,8 @@ class Engine:
         for qp in self.by_peer.values():
             if qp.outstanding:
                 wait = min(wait, max(0.0, qp.last_progress + self.rto_s - now))
+            if qp.ack_due > 0:
+                wait = min(wait, max(0.0, qp.ack_due - now))
         if self._jobs:
             job = self._jobs[0]
             wait = min(wait, max(0.0, job.started + job.deadline_s - now))

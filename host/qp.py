@@ -23,9 +23,10 @@ immediate data reads:
 
 from __future__ import annotations
 
+import struct
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -61,6 +62,9 @@ _WRITES = frozenset(int(o) for o in (Opcode.RDMA_WRITE_FIRST, Opcode.RDMA_WRITE_
 _ACK = int(Opcode.ACKNOWLEDGE)
 _MIDDLE = int(Opcode.RDMA_WRITE_MIDDLE)
 _AETH = frozenset(int(o) for o in AETH_OPCODES)
+_ROW_EXTRA = wire.BTH_LEN + wire.ICRC_LEN
+_BE32 = np.dtype(">u4")
+_LE32 = np.dtype("<u4")
 
 
 class Completion:
@@ -97,7 +101,13 @@ class MemoryRegion:
 @dataclass
 class Message:
     """One RDMA WRITE with immediate: at most one ring slot of payload, or (``va`` set)
-    a sequencer message to an explicit remote address."""
+    a sequencer message to an explicit remote address.
+
+    ``rows`` set (see :meth:`staged`): the payload was copied into one row per packet,
+    laid out as that packet's datagram if it goes out as an RDMA WRITE MIDDLE
+    (BTH | payload | ICRC), and ``data`` is unused. The MIDDLE packets then need no
+    per-packet Python to build or send: the transport fills the PSN words and ICRCs of a
+    run of rows and hands the kernel the rows as they lie."""
 
     data: memoryview | bytes
     imm: int
@@ -105,6 +115,47 @@ class Message:
     slot: int = -1  # -1: a credit message, needs no slot
     va: int = -1    # >= 0: a direct WRITE to (va, rkey), no ring slot
     rkey: int = 0
+    rows: np.ndarray | None = None  # uint8 (packets, BTH + mtu + ICRC) when staged
+    size: int = -1  # payload bytes (len(data) unless staged)
+
+    def __post_init__(self) -> None:
+        if self.size < 0:
+            self.size = len(self.data)
+
+    @classmethod
+    def staged(cls, src: np.ndarray, mtu: int, imm: int, *, va: int, rkey: int) -> Message:
+        """A message carrying a snapshot of ``src`` (any contiguous array), staged in rows
+        for ``mtu``-byte packets: one copy, the one a snapshot needs anyway."""
+        raw = src.reshape(-1).view(np.uint8)
+        n = raw.size
+        npk = max(1, -(-n // mtu))
+        rows = np.empty((npk, _ROW_EXTRA + mtu), np.uint8)
+        full = n // mtu
+        if full:
+            rows[:full, wire.BTH_LEN:wire.BTH_LEN + mtu] = raw[:full * mtu].reshape(full, mtu)
+        if n - full * mtu:
+            rows[full, wire.BTH_LEN:wire.BTH_LEN + n - full * mtu] = raw[full * mtu:]
+        return cls(b"", imm, None, va=va, rkey=rkey, rows=rows, size=n)
+
+    def payload(self, off: int, n: int, mtu: int) -> memoryview | bytes:
+        """Payload bytes ``[off, off + n)``; ``off`` is a packet boundary."""
+        if self.rows is None:
+            return self.data[off:off + n]
+        return memoryview(self.rows[off // mtu])[wire.BTH_LEN:wire.BTH_LEN + n]
+
+
+_RUN_FORMATS: dict[tuple[int, int], tuple[struct.Struct, struct.Struct]] = {}
+
+
+def _run_formats(k: int, seg: int) -> tuple[struct.Struct, struct.Struct]:
+    """Structs reading, from ``k`` datagrams of ``seg`` bytes back to back, each one's
+    first 8 BTH bytes and PSN word (big-endian), and each one's ICRC (little-endian)."""
+    fmts = _RUN_FORMATS.get((k, seg))
+    if fmts is None:
+        fmts = _RUN_FORMATS[(k, seg)] = (
+            struct.Struct(">" + f"QI{seg - wire.BTH_LEN}x" * k),
+            struct.Struct("<" + f"{seg - wire.ICRC_LEN}xI" * k))
+    return fmts
 
 
 ANY_QP = -1
@@ -143,7 +194,11 @@ class QueuePair:
         self.cur: Message | None = None
         self.cur_off = 0
         self.cur_va = 0
-        self.outstanding: deque[tuple[int, tuple, Message | None]] = deque()
+        # Sent, not yet acknowledged, oldest first: (first PSN, datagram, message if this
+        # ends it, packets). One entry per packet (its parts, a tuple), or one per run of
+        # staged MIDDLE rows (packets > 1: the run's contiguous bytes, a memoryview).
+        self.outstanding: deque[tuple[int, Any, Message | None, int]] = deque()
+        self.inflight = 0  # packets in ``outstanding``
         self.since_ackreq = 0
         self.last_progress = 0.0
         self.retries = 0
@@ -153,6 +208,12 @@ class QueuePair:
         self.msn = 0
         self.nak_sent = False
         self.ack_pending = False
+        # Deferred ACKs (software peers only: the communicator sets ``ack_delay`` from the
+        # rendezvous): ack_due 0 = none, -1 = one waits for the engine to stamp it, else
+        # the monotonic time it is due. An HDL peer keeps immediate ACKs: its retransmit
+        # timer counts clock cycles, not milliseconds.
+        self.ack_delay = 0.0
+        self.ack_due = 0.0
         self.w_off = -1  # ring offset of the WRITE in progress, -1 when none
         self.w_len = 0
         self.w_done = 0
@@ -190,7 +251,7 @@ class QueuePair:
         window = self.engine.window
         burst: list[tuple] = []
         sent = False
-        while len(self.outstanding) < window and self.error is None:
+        while self.inflight < window and self.error is None:
             msg = self.cur
             if msg is None:
                 if self.credits:
@@ -207,13 +268,16 @@ class QueuePair:
                     break
                 self.cur = msg
                 self.cur_off = 0
-            left = len(msg.data) - self.cur_off
+            left = msg.size - self.cur_off
             if self.cur_off and left > self.engine.mtu:
                 if burst:  # keep the wire order: what came before goes first
                     self.engine.transmit_many(burst, self.addr)
                     burst = []
-                self._middles(msg, min((left - 1) // self.engine.mtu,
-                                       window - len(self.outstanding)), now)
+                k = min((left - 1) // self.engine.mtu, window - self.inflight)
+                if msg.rows is not None:
+                    self._middle_rows(msg, k, now)
+                else:
+                    self._middles(msg, k, now)
                 sent = True
             else:
                 burst.append(self._segment(msg, now))
@@ -226,7 +290,7 @@ class QueuePair:
         """The next packet of ``msg``, recorded as outstanding; returns its parts."""
         mtu = self.engine.mtu
         off = self.cur_off
-        total = len(msg.data)
+        total = msg.size
         n = min(mtu, total - off)
         first = off == 0
         last = off + n >= total
@@ -250,7 +314,7 @@ class QueuePair:
             self.since_ackreq = 0
         psn = self.next_psn
         self.next_psn = (psn + 1) & wire.PSN_MASK
-        payload = msg.data[off:off + n]
+        payload = msg.payload(off, n, mtu)
         pad = -n & 3
         udp_len = 8 + wire.BTH_LEN + len(ext) + n + pad + wire.ICRC_LEN
         seed = wire.icrc_seed(self.src_ip, self.dst_ip, self.local_port, self.addr[1], udp_len)
@@ -261,7 +325,8 @@ class QueuePair:
         parts = (hdr, payload, tail)
         if not self.outstanding:
             self.last_progress = now
-        self.outstanding.append((psn, parts, msg if last else None))
+        self.outstanding.append((psn, parts, msg if last else None, 1))
+        self.inflight += 1
         if last:
             self.cur = None
         else:
@@ -301,14 +366,65 @@ class QueuePair:
             payload = data[off:off + mtu]
             w = word(w2)
             parts = (head + w, payload, icrc(crc32(payload, crc32(w, state))))
-            append((psn, parts, None))
+            append((psn, parts, None, 1))
             flat += parts
             psn = (psn + 1) & wire.PSN_MASK
             off += mtu
+        self.inflight += k
         self.next_psn = psn
         self.since_ackreq = since
         self.cur_off = off
         self.engine.transmit_run(flat, k, wire.BTH_LEN + mtu + wire.ICRC_LEN, self.addr)
+
+    def _middle_rows(self, msg: Message, k: int, now: float) -> None:
+        """:meth:`_middles` for a staged message: the next ``k`` MIDDLE packets are rows
+        of ``msg.rows`` already holding their payloads. Their BTHs (PSN words and AckReq
+        bits as :meth:`_segment` would set them) and ICRCs are written in place, whole
+        columns at a time, and the rows go to the engine as one contiguous run; the
+        outstanding entry is the run, not each packet."""
+        mtu = self.engine.mtu
+        half = self.engine.window // 2
+        seg = _ROW_EXTRA + mtu
+        j = self.cur_off // mtu
+        run = msg.rows[j:j + k]
+        psn = self.next_psn
+        since = self.since_ackreq
+        dqpn = self.remote_qpn
+        seed = wire.icrc_seed(self.src_ip, self.dst_ip, self.local_port, self.addr[1], 8 + seg)
+        state = wire.crc32(wire.bth_masked(_MIDDLE, 0, dqpn, False, 0)[:8], seed)
+        run[:, 0:8] = np.frombuffer(wire.BTH_FMT.pack(_MIDDLE, 0, wire.PKEY, dqpn, 0)[:8],
+                                    np.uint8)
+        # Packet i is the (since + i + 1)-th since the last AckReq: every half window asks.
+        idx = np.arange(k, dtype=np.uint32)
+        w2 = (idx + np.uint32(psn)) & np.uint32(wire.PSN_MASK)
+        w2 |= np.where((idx + np.uint32(since + 1)) % np.uint32(half) == 0,
+                       np.uint32(wire.ACKREQ), np.uint32(0))
+        run[:, 8:12] = w2.astype(_BE32).view(np.uint8).reshape(k, 4)
+        flat = memoryview(run).cast("B")
+        crc32 = wire.crc32
+        tail = seg - wire.ICRC_LEN
+        # The ICRC covers the PSN word unmasked (MASK_W2 == 0) and then the payload, which
+        # follow each other in a row: one CRC call per packet from the state after the
+        # masked first 8 BTH bytes.
+        crcs = [crc32(flat[b:b + tail - 8], state) for b in range(8, k * seg, seg)]
+        run[:, tail:] = np.array(crcs, np.uint32).astype(_LE32).view(np.uint8).reshape(k, 4)
+        if not self.outstanding:
+            self.last_progress = now
+        self.outstanding.append((psn, flat if k > 1 else (flat,), None, k))
+        self.inflight += k
+        self.next_psn = (psn + k) & wire.PSN_MASK
+        self.since_ackreq = (since + k) % half
+        self.cur_off += k * mtu
+        self._send_rows(flat, k, seg)
+
+    def _send_rows(self, flat: memoryview, k: int, seg: int) -> None:
+        send = getattr(self.engine, "transmit_rows", None)
+        if send is not None:
+            send(flat, k, seg, self.addr)
+            return
+        # An engine without contiguous runs (a test double): one datagram at a time.
+        for b in range(0, k * seg, seg):
+            self.engine.transmit((flat[b:b + seg],), self.addr)
 
     def on_ack(self, psn: int, syndrome: int, now: float) -> None:
         kind, code = split_syndrome(syndrome)
@@ -329,25 +445,43 @@ class QueuePair:
         if not out:
             return
         # Outstanding PSNs are consecutive: the ACK covers the first n of them.
-        n = min(psn_diff(psn, out[0][0]) + 1, len(out))
+        n = min(psn_diff(psn, out[0][0]) + 1, self.inflight)
         if n <= 0:
             return
+        self.inflight -= n
+        self.last_progress = now
+        self.retries = 0
         pop = out.popleft
-        for _ in range(n):
-            msg = pop()[2]
+        while n:
+            first, parts, msg, k = out[0]
+            if k > n:  # the ACK ends inside a run: keep its unacknowledged tail
+                seg = len(parts) // k
+                rest = parts[n * seg:]
+                out[0] = ((first + n) & wire.PSN_MASK, rest if k - n > 1 else (rest,), msg,
+                          k - n)
+                return
+            pop()
+            n -= k
             if msg is not None and msg.completion is not None:
                 msg.completion.finish_one()
-        if n:
-            self.last_progress = now
-            self.retries = 0
 
     def retransmit(self, now: float) -> None:
         """Go-back-N: resend every unacknowledged packet, oldest first."""
         self.last_progress = now
         if not self.outstanding:
             return
-        self.engine.stats["retransmits"] += len(self.outstanding)
-        self.engine.transmit_many([parts for _, parts, _ in self.outstanding], self.addr)
+        self.engine.stats["retransmits"] += self.inflight
+        batch: list = []
+        for _, parts, _, k in self.outstanding:
+            if k == 1:
+                batch.append(parts)
+                continue
+            if batch:
+                self.engine.transmit_many(batch, self.addr)
+                batch = []
+            self._send_rows(parts, k, len(parts) // k)
+        if batch:
+            self.engine.transmit_many(batch, self.addr)
 
     def check_timer(self, now: float, rto: float) -> None:
         if self.outstanding and now - self.last_progress > rto * (1 << min(self.retries, 4)):
@@ -360,7 +494,9 @@ class QueuePair:
                 # recovered by the full go-back-N on the next expiry (or by a NAK).
                 self.last_progress = now
                 self.engine.stats["retransmits"] += 1
-                self.engine.transmit(self.outstanding[0][1], self.addr)
+                _, parts, _, k = self.outstanding[0]
+                self.engine.transmit(parts if k == 1 else (parts[:len(parts) // k],),
+                                     self.addr)
             else:
                 self.retransmit(now)
 
@@ -415,7 +551,13 @@ class QueuePair:
         self.epsn = (self.epsn + 1) & wire.PSN_MASK
         self.nak_sent = False
         if ackreq:
-            self.ack_pending = True
+            if self.ack_delay and opcode in _ENDS and self.w_mr is not self.ring:
+                # A sequencer message's end: its sender waits on no ACK (only its window
+                # and retransmit timer do), so the ACK may wait to cover later ones too.
+                if not self.ack_due:
+                    self.ack_due = -1.0
+            else:
+                self.ack_pending = True
         if opcode in _ENDS:
             self.msn = (self.msn + 1) & 0xFFFFFF
             if imm >= 0 and self.w_mr is not self.ring:
@@ -447,29 +589,37 @@ class QueuePair:
         k, seg = rows.shape
         pay = seg - wire.BTH_LEN - wire.ICRC_LEN
         k = min(k, (self.w_len - self.w_done) // pay)
-        head = bytes(buf[0:8])  # opcode, flags + pad + version, P_Key, QPN word
-        _, _, _, dqpn, _ = wire.BTH_FMT.unpack_from(head + bytes(4))
+        if k <= 0:
+            return 0
+        _, _, _, dqpn, _ = wire.BTH_FMT.unpack_from(buf)
         # CRC state after the masked first 8 BTH bytes; the PSN word is covered unmasked
         # and lies right before the payload, so one CRC call per packet covers both.
         state = wire.crc32(wire.bth_masked(_MIDDLE, 0, dqpn & 0xFFFFFF, False, 0)[:8], seed)
         view = memoryview(buf)
-        word, crc32, icrc = wire.IMM_FMT.unpack_from, wire.crc32, wire.ICRC_FMT.unpack_from
+        crc32 = wire.crc32
+        covered = seg - wire.ICRC_LEN - 8
+        crcs = [crc32(view[b:b + covered], state) for b in range(8, k * seg, seg)]
+        bth_run, icrc_run = _run_formats(k, seg)
+        hdr = bth_run.unpack_from(buf)  # per packet: BTH bytes 0..7 as one word, PSN word
+        icrcs = icrc_run.unpack_from(buf)
+        heads, words = hdr[0::2], hdr[1::2]
         psn = self.epsn
-        ackreq = 0
-        m = 0
-        base = 0
-        tail = seg - wire.ICRC_LEN
-        while m < k:
-            (w,) = word(buf, base + 8)
-            # resv7 must be 0 (on_write's ICRC check reads those bits as 0).
-            if (w & ~wire.ACKREQ) != psn or not buf.startswith(head, base) or \
-                    crc32(view[base + 8:base + tail], state) & 0xFFFFFFFF != \
-                    icrc(buf, base + tail)[0]:
-                break
-            ackreq |= w
-            psn = (psn + 1) & wire.PSN_MASK
-            base += seg
-            m += 1
+        if psn + k <= wire.PSN_MASK + 1:
+            want = list(range(psn, psn + k))
+        else:
+            want = [(psn + i) & wire.PSN_MASK for i in range(k)]
+        # resv7 must be 0 (on_write's ICRC check reads those bits as 0), hence the PSN
+        # word is compared whole but for AckReq.
+        got = [w & ~wire.ACKREQ for w in words]
+        if crcs == list(icrcs) and got == want and heads == (heads[0],) * k:
+            m = k  # the usual case: every check passed, compared list to list in C
+            ackreq = max(words)
+        else:  # walk to the first packet that fails any check
+            m = ackreq = 0
+            while m < k and crcs[m] == icrcs[m] and got[m] == want[m] and heads[m] == heads[0]:
+                ackreq |= words[m]
+                m += 1
+        psn = (psn + m) & wire.PSN_MASK
         if not m:
             return 0
         start = self.w_off + self.w_done
@@ -495,10 +645,20 @@ class QueuePair:
                                syndrome, self.msn, self.local_port, self.addr[1])
         self.engine.transmit((dg,), self.addr)
 
-    def flush_ack(self) -> None:
+    def flush_ack(self, now: float | None = None) -> None:
+        """Send the ACK that is due: an immediate one, or a deferred one (see
+        ``ack_delay``) once its time has come (``now`` None: at once). ACKs are
+        cumulative, so either covers everything received so far."""
         if self.ack_pending:
             self.ack_pending = False
+            self.ack_due = 0.0
             self.send_ack(wire.ACK_SYNDROME, (self.epsn - 1) & wire.PSN_MASK)
+        elif self.ack_due:
+            if now is not None and self.ack_due < 0:
+                self.ack_due = now + self.ack_delay  # first seen now: due after the delay
+            elif now is None or now >= self.ack_due:
+                self.ack_due = 0.0
+                self.send_ack(wire.ACK_SYNDROME, (self.epsn - 1) & wire.PSN_MASK)
 
     def give_back(self, slot: int) -> None:
         """Return a consumed ring slot to the peer."""

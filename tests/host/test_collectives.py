@@ -21,3 +21,61 @@ def test_every_collective_dtype_op(world: int, mtu: int) -> None:
     # Floating-point reductions must give the same bytes on every rank.
     digests = {r["digest"] for r in res}
     assert len(digests) == 1, "ranks disagree on float reduction results"
+
+
+@pytest.mark.parametrize("nt", ["float16", "float32", "float64", "bfloat16"])
+@pytest.mark.parametrize("opname", ["SUM", "PROD"])
+def test_reduce_into_is_the_reference_bit_for_bit(nt: str, opname: str) -> None:
+    # The executor's reduction (NaN-free inputs go straight into ``out``) against the
+    # reference, with NaN payloads, infinities whose sum/product is NaN, signed zeros
+    # and overflow, and ``out`` aliasing either input as RECV_REDUCE makes it do.
+    import numpy as np
+
+    from fpgaccl.host.buffers import DTYPES
+    from fpgaccl.host.executor import reduce_into
+    from fpgaccl.proto.reduce import DType, ReduceOp, reduce_reference
+
+    dt = DTYPES[nt]
+    dtype, op = DType.from_numpy(dt), ReduceOp[opname]
+    rng = np.random.default_rng(7)
+    specials = np.array([np.nan, -np.nan, np.inf, -np.inf, 0.0, -0.0, 1.0, -1.5, 6e4, -6e4])
+    for trial in range(60):
+        n = int(rng.integers(0, 40))
+        pick = trial % 4
+        with np.errstate(over="ignore"):
+            a = (rng.choice(specials[2:], n) if pick == 0 else rng.choice(specials, n)
+                 if pick == 1 else rng.standard_normal(n)).astype(dt)
+            b = (rng.choice(specials[2:], n) if pick in (0, 2) else
+                 rng.standard_normal(n)).astype(dt)
+        want = reduce_reference(dtype, op, a, b)
+        for alias in ("none", "a", "b"):
+            x, y = a.copy(), b.copy()
+            out = np.empty_like(x) if alias == "none" else x if alias == "a" else y
+            reduce_into(dtype, op, x, y, out)
+            assert out.view(np.uint8).tobytes() == want.view(np.uint8).tobytes(), \
+                (nt, opname, alias, a, b)
+
+
+def test_cached_library_programs_keep_their_facts() -> None:
+    # The communicator builds each library program once (a tuple) and the executor
+    # remembers each tuple's chunk count and whether it writes IN; a list, or a new
+    # program, is looked at afresh, and the answers agree with a direct reading.
+    from fpgaccl.host.communicator import _library
+    from fpgaccl.host.executor import setup_chunks, writes_in
+    from fpgaccl.proto import programs as lib
+    from fpgaccl.proto.isa import Buf, SeqOp
+
+    for name in ("ring_allreduce", "rhd_allreduce", "ring_reduce_scatter", "ring_allgather",
+                 "chain_broadcast", "chain_reduce", "alltoall"):
+        gen = lib.LIBRARY[name]
+        for world in (2, 3, 4, 5):
+            for rank in range(world):
+                listed = gen(rank, world)
+                cached = _library(gen, rank, world)
+                assert cached is _library(gen, rank, world) and list(cached) == listed
+                nch = max((i.step for i in listed if i.op is SeqOp.SETUP), default=1)
+                writes = (SeqOp.COPY, SeqOp.RECV, SeqOp.RECV_REDUCE)
+                w_in = any((i.buf is Buf.IN and i.op in writes)
+                           or (i.op is SeqOp.RECV_REDUCE and i.rbuf is Buf.IN) for i in listed)
+                for prog in (cached, cached, listed):
+                    assert setup_chunks(prog) == nch and writes_in(prog) == w_in

@@ -334,9 +334,114 @@ def test_gso_runs_recover_from_kernel_drops() -> None:
         for job in jobs:
             assert job.event.wait(90) and job.error is None, job.error
         assert np.array_equal(dest, data)
-        assert a.stats["retransmits"] > 0 and b.drops[DropReason.PSN_OUT_OF_ORDER] > 0
+        # Recovered by go-back-N: after a NAK when a later packet showed the gap, or after
+        # a timeout when the kernel dropped the tail of a burst; which of them depends on
+        # scheduling (on a loaded machine there may be no NAK at all), so only the resend
+        # itself is required.
+        assert a.stats["retransmits"] > 0
         if a.gso and b.gro:
             assert b.stats["rx_coalesced"] > 0
     finally:
         a.stop()
         b.stop()
+
+
+class _Recorder:
+    """The engine calls a QueuePair makes, recording every datagram as bytes."""
+
+    def __init__(self, mtu: int, window: int, rows: bool) -> None:
+        from collections import Counter
+        self.mtu, self.window = mtu, window
+        self.stats: Counter[str] = Counter()
+        self.addr = ("127.0.0.1", wire.ROCEV2_UDP_PORT)
+        self.out: list[bytes] = []
+        if rows:
+            self.transmit_rows = self._rows
+
+    def transmit(self, parts, addr) -> None:
+        self.out.append(b"".join(bytes(p) for p in parts))
+
+    def transmit_many(self, datagrams, addr) -> None:
+        for parts in datagrams:
+            self.transmit(parts, addr)
+
+    def transmit_run(self, flat, k: int, seg: int, addr) -> None:
+        for i in range(0, 3 * k, 3):
+            self.transmit(flat[i:i + 3], addr)
+
+    def _rows(self, flat, k: int, seg: int, addr) -> None:
+        assert len(flat) == k * seg
+        for b in range(0, k * seg, seg):
+            self.out.append(bytes(flat[b:b + seg]))
+
+
+def _sent(staged: bool, rows: bool, data: np.ndarray, mtu: int, psn0: int) -> list[bytes]:
+    """Every datagram a QP sends for ``data`` as one direct WRITE, acknowledged in uneven
+    steps (ACKs that end inside a run), with a go-back-N and a timer probe on the way."""
+    from fpgaccl.host.qp import MemoryRegion, Message, QueuePair
+    eng = _Recorder(mtu, 16, rows)
+    ring = MemoryRegion(1, np.zeros(mtu, np.uint8), 0x100)
+    qp = QueuePair(eng, 1, 0x100, slot_bytes=mtu, slots=1, ring=ring)
+    qp.connect(remote_qpn=0x4242, addr=("127.0.0.2", wire.ROCEV2_UDP_PORT),
+               local_ip="127.0.0.1", send_psn=psn0, recv_psn=0, remote_va=0, remote_rkey=7)
+    if staged:
+        msg = Message.staged(data, mtu, 0x00050003, va=0x1000, rkey=9)
+    else:
+        msg = Message(memoryview(data.tobytes()), 0x00050003, None, va=0x1000, rkey=9)
+    qp.post_direct(msg)
+    acks = iter([3, 1, 5, 2, 7, 4] * 100)
+    rounds = 0
+    while qp.cur is not None or qp.direct or qp.outstanding:
+        qp.pump(0.0)
+        rounds += 1
+        if rounds == 2:
+            qp.retransmit(0.0)
+        if rounds == 3:
+            qp.check_timer(1.0, 0.05)  # first expiry: the oldest packet alone
+        n = min(next(acks), qp.inflight)
+        qp._acked((qp.outstanding[0][0] + n - 1) & wire.PSN_MASK, 0.0)
+    assert qp.inflight == 0
+    return eng.out
+
+
+@pytest.mark.parametrize("nbytes", [3 * 256 + 4, 40 * 256, 40 * 256 + 100])
+@pytest.mark.parametrize("rows", [True, False], ids=["rows", "one-by-one"])
+def test_staged_message_sends_the_same_datagrams(nbytes: int, rows: bool) -> None:
+    # A staged snapshot (MIDDLEs written in place as rows, runs outstanding as one entry)
+    # must put on the wire exactly what the per-packet path does: same PSNs (across the
+    # 24-bit wrap), AckReq bits, ICRCs and retransmissions, whether the engine takes
+    # whole runs of rows or (a test double) one datagram at a time.
+    data = np.random.default_rng(nbytes).integers(0, 256, nbytes, dtype=np.uint8)
+    want = _sent(False, rows, data, 256, (1 << 24) - 13)
+    got = _sent(True, rows, data, 256, (1 << 24) - 13)
+    assert len(got) == len(want) and got == want
+    # And the reference model decodes them: the first window goes out in PSN order,
+    # across the wrap, and the retransmissions repeat acknowledged-from-there packets.
+    psns = [parse_frame(frame("127.0.0.1", "127.0.0.2", dg)).bth["psn"] for dg in got]
+    first = min(16, -(-nbytes // 256))
+    assert psns[:first] == [((1 << 24) - 13 + i) & wire.PSN_MASK for i in range(first)]
+    assert len(psns) > -(-nbytes // 256)
+
+
+def _deferred_acks(comm) -> dict:
+    x = np.full(2, comm.rank + 1, np.float32)
+    for _ in range(5):
+        comm.allreduce(x, algo="rhd")  # sequencer messages only: every ACK may be deferred
+    time.sleep(0.03)  # past the ACK delay, short of the 50 ms retransmit timeout
+    eng = comm.engine
+    # 1 + 2 = 3 after the first call, then each call doubles: 3 * 2**4.
+    return {"ok": bool(np.all(x == 3 * 2 ** 4)),
+            "outstanding": sum(q.inflight for q in eng.by_peer.values()),
+            "timeouts": eng.stats["timeouts"], "delay": eng.by_peer[1 - comm.rank].ack_delay,
+            "acks": eng.stats["acks_tx"], "window": eng.window}
+
+
+def test_deferred_acks_arrive_without_further_traffic() -> None:
+    # Between software peers a sequencer message's ACK waits up to the ACK delay to cover
+    # later ones; once traffic stops the engine must still send it on time (its poll wakes
+    # for it), or every sender would sit out a retransmit timeout.
+    res = all_ok(run_world(2, _deferred_acks, comm_kw={"rto_s": 0.05}))
+    for r in res:
+        assert r["ok"] and r["delay"] > 0
+        assert r["outstanding"] == 0 and r["timeouts"] == 0, r
+        assert r["window"] == 256  # 1 MiB of 4096-byte packets: software peers only
