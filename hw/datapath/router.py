@@ -21,6 +21,11 @@ dispatch, on element ranges per buffer:
 * a GRANT waits for everything in flight: it lets a peer overwrite a region, and says
   no range;
 * ``idle`` (nothing in flight) is what the sequencer's DONE waits for.
+
+Ranges are compared per buffer name. An in-place collective (IN and OUT at one address)
+is safe with the library's programs: the only instructions that read IN while others
+run read ranges no instruction writes before them (each rank's first SEND and first
+reduction of a block).
 """
 
 from __future__ import annotations
