@@ -59,6 +59,17 @@ starting from the all-ones init; our zero-init stream reaches the same value."""
 
 
 @cache
+def residue_after_zeros(zbytes: int) -> int:
+    """The register a good frame leaves when ``zbytes`` zero bytes followed its ICRC.
+
+    Un-zeroing is the invertible map ``A^-z``, so ``unzero(crc, z) == RESIDUE`` holds
+    exactly when ``crc == A^z RESIDUE``: the receiver compares with one of these
+    constants instead of un-zeroing its register (three 32x32 GF(2) stages off the
+    end-of-frame path)."""
+    return raw_update(RESIDUE, bytes(zbytes))
+
+
+@cache
 def update_columns(nbytes: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """Columns of the ``nbytes`` update: effect of each state bit and each data bit."""
     zeros = bytes(nbytes)
