@@ -222,6 +222,10 @@ class Requester(wiring.Component):
                          self.data.payload.eq(self.rd_resp.payload)]
 
         # ---- control: one event per cycle (ACK/NAK, timeout, new descriptor) -----------
+        # An ACK takes two stages: ``a`` (as received) has its QP looked up (it reads only
+        # context software set before RTS) into ``b``; the control stage then picks that
+        # QP's una/end from flops. ACKs come at most once per packet, so the extra cycle
+        # costs no throughput.
         a = Signal(HDR)
         a_v = Signal()
         m.d.comb += self.ack.ready.eq(~a_v)
@@ -230,8 +234,15 @@ class Requester(wiring.Component):
         with m.If(self.cmpl.ready):
             m.d.sync += self.cmpl.valid.eq(0)
 
-        hit, aq = qp_lookup(m, self.qp_ctl, nqp, a.bth.dqpn, QPState.RTS, "ack_qp")
-        p = a.bth.psn
+        a_hit, a_q = qp_lookup(m, self.qp_ctl, nqp, a.bth.dqpn, QPState.RTS, "ack_qp")
+        b_v = Signal()
+        hit = Signal()
+        aq = Signal(range(max(nqp, 2)))
+        p = Signal(24)
+        syndrome = Signal(8)
+        with m.If(a_v & ~b_v):
+            m.d.sync += [b_v.eq(1), a_v.eq(0), hit.eq(a_hit), aq.eq(a_q),
+                         p.eq(a.bth.psn), syndrome.eq(a.aeth.syndrome)]
         a_una = pick(una, aq, 24, m, "a_una")
         a_end = pick(end, aq, 24, m, "a_end")
         a_active = pick(active, aq, 1, m, "a_active")
@@ -239,8 +250,8 @@ class Requester(wiring.Component):
         d_una = psn_sub(m, p, a_una, "d_una")
         d_end = psn_sub(m, p, a_end, "d_end")
         in_window = ~behind(d_una) & behind(d_end)
-        kind = a.aeth.syndrome[5:7]
-        code = a.aeth.syndrome[:5]
+        kind = syndrome[5:7]
+        code = syndrome[:5]
         p1 = Signal(24)
         m.d.comb += p1.eq(p + 1)
 
@@ -277,8 +288,8 @@ class Requester(wiring.Component):
 
         retries_total = [self.qp_sts[i].retries.value for i in range(nqp)]
         with m.If(~self.cmpl.valid):
-            with m.If(a_v):
-                m.d.sync += a_v.eq(0)
+            with m.If(b_v):
+                m.d.sync += b_v.eq(0)
                 with m.If(~hit):
                     sat_inc(m, self.bad_qpn)
                 with m.Elif(a_active & ~a_err):
