@@ -60,18 +60,34 @@ class RoceBuilder(wiring.Component):
         wiring.connect(m, of.o, wiring.flipped(self.o))
 
         # --- prepare: header bytes and lengths of the next frame --------------------------
-        rec = self.hdr.payload
+        # Two registers deep: the record is taken with its IP length and the sum of the
+        # IPv4 header words other than length and checksum; the next stage adds the
+        # length in, folds, and lays out the header bytes.
+        rin = self.hdr.payload
+        op0 = OpcodeInfo(m, rin.bth.opcode, "prep0")
+        pad0 = Signal(2)
+        m.d.comb += pad0.eq(-rin.payload_len)
+        ipv0 = Signal(header_layout(IPV4))
+        m.d.comb += [ipv0.eq(rin.ip), ipv0.len.eq(0), ipv0.chksum.eq(0)]
+        raw0 = ipv0.as_value()
+        rec = Signal(RECORD)
+        rec_v = Signal()
+        ip_len = Signal(16)
+        part = Signal(20)
+        m.d.comb += self.hdr.ready.eq(~rec_v)
+        with m.If(self.hdr.valid & ~rec_v):
+            m.d.sync += [rec_v.eq(1), rec.eq(rin),
+                         ip_len.eq(_FIXED_TRAILER + op0.ext_len + rin.payload_len + pad0),
+                         part.eq(sum(raw0[i:i + 16] for i in range(0, IPV4.bits, 16)))]
+
         op = OpcodeInfo(m, rec.bth.opcode, "prep")
         plen = rec.payload_len
         pad = Signal(2)
         m.d.comb += pad.eq(-plen)
-        ip_len = Signal(16)
-        m.d.comb += ip_len.eq(_FIXED_TRAILER + op.ext_len + plen + pad)
         ipv = Signal(header_layout(IPV4))
         m.d.comb += [ipv.eq(rec.ip), ipv.len.eq(ip_len), ipv.chksum.eq(0)]
-        raw = ipv.as_value()
         csum = Signal(20)
-        m.d.comb += csum.eq(sum(raw[i:i + 16] for i in range(0, IPV4.bits, 16)))
+        m.d.comb += csum.eq(part + ip_len)
         c1, c2 = Signal(17), Signal(17)
         m.d.comb += [c1.eq(csum[:16] + csum[16:]), c2.eq(c1[:16] + c1[16:])]
         ipf = Signal(header_layout(IPV4))
@@ -99,9 +115,8 @@ class RoceBuilder(wiring.Component):
         nxt_pe = Signal(18)     # header + payload bytes: where the pad starts
         nxt_c = Signal(18)      # frame bytes before the ICRC
         nxt_nin = Signal(17)    # payload beats to take
-        m.d.comb += self.hdr.ready.eq(~nxt_valid)
-        with m.If(self.hdr.valid & ~nxt_valid):
-            m.d.sync += [nxt_valid.eq(1), nxt_hdr.eq(hbytes),
+        with m.If(rec_v & ~nxt_valid):
+            m.d.sync += [rec_v.eq(0), nxt_valid.eq(1), nxt_hdr.eq(hbytes),
                          nxt_h.eq(BASE_HDR_BYTES + op.ext_len), nxt_p.eq(plen),
                          nxt_l.eq(14 + ip_len), nxt_pe.eq(BASE_HDR_BYTES + op.ext_len + plen),
                          nxt_c.eq(14 + ip_len - ICRC_BYTES), nxt_nin.eq((plen + N - 1) >> logn)]
