@@ -244,18 +244,26 @@ class RoceParser(wiring.Component):
         cs1 = Signal(17)
         cs2 = Signal(17)
         m.d.comb += [cs1.eq(cs[:16] + cs[16:]), cs2.eq(cs1[:16] + cs1[16:])]
-        cs_bad = Signal()
-        # The ten-word sum and its folds are a long path. When every frame that gets as
-        # far as the checksum test (one of MIN_FRAME_BYTES or more) has its IPv4 header
-        # complete before its last beat, the result is registered: the header bytes then
-        # stopped changing at least a cycle before eof reads it.
-        ip_end_beat = (OFFSETS[IPV4.name] + IPV4.size - 1) // N
-        if ip_end_beat < (MIN_FRAME_BYTES - 1) // N:
-            m.d.sync += cs_bad.eq(cs2[:16] != 0xFFFF)
-        else:
-            m.d.comb += cs_bad.eq(cs2[:16] != 0xFFFF)
+        # Most checks read header bytes only. Where every frame that gets as far as a
+        # check (one of MIN_FRAME_BYTES or more: shorter ones are TRUNCATED first) has
+        # the bytes it reads complete before its last beat, the check is registered: those
+        # bytes stopped changing at least a cycle before eof reads it. That takes the
+        # IPv4 checksum's ten-word sum and the length arithmetic off eof's path.
+        min_last_beat = (MIN_FRAME_BYTES - 1) // N
+
+        def settled(value, end_byte: int, name: str):
+            out = Signal(len(value), name=f"chk_{name}")
+            if (end_byte - 1) // N < min_last_beat:
+                m.d.sync += out.eq(value)
+            else:
+                m.d.comb += out.eq(value)
+            return out
+
+        ip_end = OFFSETS[IPV4.name] + IPV4.size
+        udp_end = OFFSETS[UDP.name] + UDP.size
         transport = Signal(signed(18))
         m.d.comb += transport.eq(ip.len - _L4)
+        frame_ip_len = settled(ETH.size + ip.len, ip_end, "frame_ip_len")
         # unzero(crc, z) == RESIDUE, without un-zeroing: compare with A^z RESIDUE.
         icrc_ok = Signal()
         with m.Switch(crc_z):
@@ -265,20 +273,26 @@ class RoceParser(wiring.Component):
 
         checks = [
             (DropReason.TRUNCATED, frame_len < MIN_FRAME_BYTES),
-            (DropReason.BAD_ETHERTYPE, eth.type != ETHERTYPE_IPV4),
-            (DropReason.IPV4_VERSION, ip.version != 4),
-            (DropReason.IPV4_OPTIONS, ip.ihl != IPV4.size // 4),
-            (DropReason.IPV4_FRAGMENT, ip.flags[0] | (ip.frag != 0)),
-            (DropReason.IPV4_CHECKSUM, cs_bad),
-            (DropReason.IPV4_PROTOCOL, ip.proto != IP_PROTO_UDP),
-            (DropReason.IPV4_LENGTH, (ip.len < _L4) | (ETH.size + ip.len > frame_len)),
-            (DropReason.UDP_PORT, udp.dport != ROCEV2_UDP_PORT),
-            (DropReason.UDP_LENGTH, udp.len != (ip.len - IPV4.size)[:16]),
-            (DropReason.TRUNCATED, transport < BTH.size + ICRC_BYTES),
-            (DropReason.BTH_VERSION, bth.version != 0),
-            (DropReason.UNKNOWN_OPCODE, ~op.supported),
+            (DropReason.BAD_ETHERTYPE,
+             settled(eth.type != ETHERTYPE_IPV4, ETH.size, "ethertype")),
+            (DropReason.IPV4_VERSION, settled(ip.version != 4, ip_end, "version")),
+            (DropReason.IPV4_OPTIONS, settled(ip.ihl != IPV4.size // 4, ip_end, "ihl")),
+            (DropReason.IPV4_FRAGMENT,
+             settled(ip.flags[0] | (ip.frag != 0), ip_end, "fragment")),
+            (DropReason.IPV4_CHECKSUM, settled(cs2[:16] != 0xFFFF, ip_end, "checksum")),
+            (DropReason.IPV4_PROTOCOL, settled(ip.proto != IP_PROTO_UDP, ip_end, "proto")),
+            (DropReason.IPV4_LENGTH,
+             settled(ip.len < _L4, ip_end, "ip_short") | (frame_ip_len > frame_len)),
+            (DropReason.UDP_PORT, settled(udp.dport != ROCEV2_UDP_PORT, udp_end, "port")),
+            (DropReason.UDP_LENGTH,
+             settled(udp.len != (ip.len - IPV4.size)[:16], udp_end, "udp_len")),
             (DropReason.TRUNCATED,
-             transport < BTH.size + op.ext_len + ICRC_BYTES + bth.padcount),
+             settled(transport < BTH.size + ICRC_BYTES, ip_end, "no_bth")),
+            (DropReason.BTH_VERSION, settled(bth.version != 0, BASE_HDR_BYTES, "bth_version")),
+            (DropReason.UNKNOWN_OPCODE, settled(~op.supported, BASE_HDR_BYTES, "opcode")),
+            (DropReason.TRUNCATED,
+             settled(transport < BTH.size + op.ext_len + ICRC_BYTES + bth.padcount,
+                     BASE_HDR_BYTES, "no_ext")),
             (DropReason.BAD_ICRC, ~icrc_ok),
         ]
         assert {r for r, _ in checks} == set(PARSER_DROPS)
