@@ -104,12 +104,14 @@ class Requester(wiring.Component):
         m.d.comb += self.qp_error.eq(Cat(*err))
 
         # ---- retransmit timers --------------------------------------------------------
+        # ``expired`` is registered (a timeout fires a cycle later; the 32-bit compare
+        # stays off the control's path) and cleared with the timer.
         expired = Signal(nqp)
         for i in range(nqp):
             limit = Signal(TIMER_BITS, name=f"limit{i}")
             m.d.comb += limit.eq(self.timeout << Mux(retries[i] > 3, 3, retries[i][:2]))
-            m.d.comb += expired[i].eq(timer[i] >= limit)
             counting = active[i] & ~err[i] & (send[i] != una[i])
+            m.d.sync += expired[i].eq(counting & ~kick[i] & (timer[i] >= limit))
             with m.If(kick[i] | ~counting):
                 m.d.sync += timer[i].eq(0)
             with m.Elif(~expired[i]):
