@@ -150,36 +150,49 @@ class RoceBuilder(wiring.Component):
         loading = Signal()      # the next frame's lengths and header come in
 
         def counter(name: str, load_value):
-            """A bytes-left register and its value for the next beat."""
+            """A bytes-left register, its value for the next beat, and both candidates
+            (loaded, counted down) so that derived values can be muxed late."""
             cur = Signal(signed(21), name=f"{name}_left")
-            nv = Signal(signed(21), name=f"{name}_next")
-            m.d.comb += nv.eq(Mux(loading, load_value, cur - N))
-            return cur, nv
+            down = Signal(signed(21), name=f"{name}_down")
+            load = Signal(signed(21), name=f"{name}_load")
+            m.d.comb += [down.eq(cur - N), load.eq(load_value)]
+            return cur, load, down
 
-        h_left, h_nv = counter("h", nxt_h)
-        p_left, p_nv = counter("p", nxt_pe)
-        k_left, k_nv = counter("k", nxt_l)
-        c_left, c_nv = counter("c", nxt_c)
+        h_left, h_ld, h_dn = counter("h", nxt_h)
+        p_left, p_ld, p_dn = counter("p", nxt_pe)
+        k_left, k_ld, k_dn = counter("k", nxt_l)
+        c_left, c_ld, c_dn = counter("c", nxt_c)
         hmask, pmask, kmask, cmask = (Signal(N, name=f"{n}mask") for n in "hpkc")
         last_r = Signal()
         c_on, c_ends, ins_on = Signal(), Signal(), Signal()
         zeros = Signal(logn)
         at = Signal(range(N + ICRC_BYTES))
         m.d.comb += loading.eq(nxt_valid & (~active | (prod & last_r)))
+
+        def late(f, ld, dn, name):
+            """``f`` of the next value, computed for both candidates beside ``loading``
+            (a long path: the output FIFO's level, the payload handshake) and picked last."""
+            a, b = f(ld, f"{name}_l"), f(dn, f"{name}_d")
+            return Mux(loading, a, b)
+
+        def thermo(v, name):
+            return _thermo(m, v, N, name)
+
         with m.If(loading | prod):
             m.d.sync += [
-                h_left.eq(h_nv), p_left.eq(p_nv), k_left.eq(k_nv), c_left.eq(c_nv),
-                hmask.eq(_thermo(m, h_nv, N, "hmask_next")),
-                pmask.eq(_thermo(m, p_nv, N, "pmask_next")),
-                kmask.eq(_thermo(m, k_nv, N, "kmask_next")),
-                cmask.eq(_thermo(m, c_nv, N, "cmask_next")),
-                last_r.eq(k_nv <= N),
-                c_on.eq(c_nv > 0),
-                c_ends.eq((c_nv > 0) & (c_nv <= N)),
-                zeros.eq(N - c_nv),
+                h_left.eq(Mux(loading, h_ld, h_dn)), p_left.eq(Mux(loading, p_ld, p_dn)),
+                k_left.eq(Mux(loading, k_ld, k_dn)), c_left.eq(Mux(loading, c_ld, c_dn)),
+                hmask.eq(late(thermo, h_ld, h_dn, "hmask")),
+                pmask.eq(late(thermo, p_ld, p_dn, "pmask")),
+                kmask.eq(late(thermo, k_ld, k_dn, "kmask")),
+                cmask.eq(late(thermo, c_ld, c_dn, "cmask")),
+                last_r.eq(late(lambda v, _: v <= N, k_ld, k_dn, "last")),
+                c_on.eq(late(lambda v, _: v > 0, c_ld, c_dn, "c_on")),
+                c_ends.eq(late(lambda v, _: (v > 0) & (v <= N), c_ld, c_dn, "c_ends")),
+                zeros.eq(late(lambda v, _: (N - v)[:logn], c_ld, c_dn, "zeros")),
                 # The ICRC may start in the previous beat: c in -3..-1.
-                ins_on.eq((c_nv > -ICRC_BYTES) & (c_nv < N)),
-                at.eq(c_nv + ICRC_BYTES - 1),
+                ins_on.eq(late(lambda v, _: (v > -ICRC_BYTES) & (v < N), c_ld, c_dn, "ins")),
+                at.eq(late(lambda v, _: (v + ICRC_BYTES - 1)[:len(at)], c_ld, c_dn, "at")),
             ]
 
         cur_in = Signal(W)

@@ -241,15 +241,24 @@ class RoceParser(wiring.Component):
         ip_raw = hdr[OFFSETS[IPV4.name] * 8:(OFFSETS[IPV4.name] + IPV4.size) * 8]
         m.d.comb += cs.eq(sum(Cat(ip_raw[i + 8:i + 16], ip_raw[i:i + 8])
                               for i in range(0, IPV4.size * 8, 16)))
+        # The checksum's ten-word sum gets a register of its own when the IPv4 header is
+        # complete two beats before the last (see ``settled`` below: the folds and the
+        # compare then have one more cycle).
+        min_last_beat = (MIN_FRAME_BYTES - 1) // N
+        ip_end = OFFSETS[IPV4.name] + IPV4.size
+        cs_sum = Signal(20)
+        if (ip_end - 1) // N + 1 < min_last_beat:
+            m.d.sync += cs_sum.eq(cs)
+        else:
+            m.d.comb += cs_sum.eq(cs)
         cs1 = Signal(17)
         cs2 = Signal(17)
-        m.d.comb += [cs1.eq(cs[:16] + cs[16:]), cs2.eq(cs1[:16] + cs1[16:])]
+        m.d.comb += [cs1.eq(cs_sum[:16] + cs_sum[16:]), cs2.eq(cs1[:16] + cs1[16:])]
         # Most checks read header bytes only. Where every frame that gets as far as a
         # check (one of MIN_FRAME_BYTES or more: shorter ones are TRUNCATED first) has
         # the bytes it reads complete before its last beat, the check is registered: those
         # bytes stopped changing at least a cycle before eof reads it. That takes the
         # IPv4 checksum's ten-word sum and the length arithmetic off eof's path.
-        min_last_beat = (MIN_FRAME_BYTES - 1) // N
 
         def settled(value, end_byte: int, name: str):
             out = Signal(len(value), name=f"chk_{name}")
@@ -259,7 +268,6 @@ class RoceParser(wiring.Component):
                 m.d.comb += out.eq(value)
             return out
 
-        ip_end = OFFSETS[IPV4.name] + IPV4.size
         udp_end = OFFSETS[UDP.name] + UDP.size
         transport = Signal(signed(18))
         m.d.comb += transport.eq(ip.len - _L4)
