@@ -65,9 +65,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--partial", type=Path, default=None, metavar="BUILD_FOLDER",
                     help="record what nextpnr's log says of a build still running (or "
                          "killed): utilisation and the post-placement Fmax estimate")
+    ap.add_argument("--depth", type=Path, default=None, metavar="BUILD_FOLDER",
+                    help="record only the logic-depth estimate of a build folder's yosys "
+                         "netlist (top.json), for a design not (yet) placed")
+    ap.add_argument("--rev", default=None,
+                    help="the commit the build folder was made from, when it is not the "
+                         "checkout's HEAD (default: HEAD, '-dirty' if hw/boards/proto "
+                         "have changes)")
     args = ap.parse_args(argv)
     if args.partial:
         return partial(args)
+    if args.depth:
+        return depth_only(args)
 
     board = BOARDS[args.board]
     if not board.open_flow:
@@ -112,6 +121,28 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def depth_only(args) -> int:
+    text, depth_rows = logic_depth(args.depth, rows=30)
+    note = ("ESTIMATE ONLY: logic depth of yosys' netlist, not placed or routed; "
+            "nextpnr's Fmax is the number of record")
+    depth_note = DEPTH_NOTE.split(";")[0]
+    print(f"{args.depth}\n{note}\n\nlogic depth per block ({depth_note}):\n{text}")
+    record = {
+        "bench": "boards_fmax", "status": note,
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "git": args.rev or git_rev(),
+        "machine": {"node": platform.node(), "cpus": os.cpu_count(),
+                    "python": platform.python_version(), "system": platform.platform()},
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "target_mhz": TARGET_MHZ, "build_folder": str(args.depth),
+        "logic_depth": {"note": depth_note, "blocks": depth_rows},
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(record, indent=2) + "\n")
+    print(f"\nwrote {args.out}")
+    return 0
+
+
 def partial(args) -> int:
     from fpgaccl.boards.report import parse_log
     rep = parse_log(args.partial)
@@ -135,7 +166,7 @@ def partial(args) -> int:
     record = {
         "bench": "boards_fmax", "status": note,
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "git": git_rev(),
+        "git": args.rev or git_rev(),
         "machine": {"node": platform.node(), "cpus": os.cpu_count(),
                     "python": platform.python_version(), "system": platform.platform()},
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),

@@ -14,8 +14,9 @@ opcode (:func:`fpgaccl.proto.extension_headers`), as :func:`fpgaccl.proto.build_
 Pipeline: a prepare stage computes the next frame's header bytes and lengths (IPv4
 checksum included) while the current frame streams, so back-to-back frames leave with no
 gap; the stream stage emits one beat per cycle (header bytes, payload realigned by the
-header length mod N, pad, ICRC), updating the ICRC over each beat as it goes, and writes
-into a small output FIFO whose registered level is the only back-pressure it looks at.
+header length mod N, pad), its byte masks read from bytes-left registers; three
+registers follow it (ICRC update, un-zero, ICRC insertion) before a small output FIFO
+whose registered level is the only back-pressure it looks at.
 """
 
 from __future__ import annotations
@@ -59,18 +60,34 @@ class RoceBuilder(wiring.Component):
         wiring.connect(m, of.o, wiring.flipped(self.o))
 
         # --- prepare: header bytes and lengths of the next frame --------------------------
-        rec = self.hdr.payload
+        # Two registers deep: the record is taken with its IP length and the sum of the
+        # IPv4 header words other than length and checksum; the next stage adds the
+        # length in, folds, and lays out the header bytes.
+        rin = self.hdr.payload
+        op0 = OpcodeInfo(m, rin.bth.opcode, "prep0")
+        pad0 = Signal(2)
+        m.d.comb += pad0.eq(-rin.payload_len)
+        ipv0 = Signal(header_layout(IPV4))
+        m.d.comb += [ipv0.eq(rin.ip), ipv0.len.eq(0), ipv0.chksum.eq(0)]
+        raw0 = ipv0.as_value()
+        rec = Signal(RECORD)
+        rec_v = Signal()
+        ip_len = Signal(16)
+        part = Signal(20)
+        m.d.comb += self.hdr.ready.eq(~rec_v)
+        with m.If(self.hdr.valid & ~rec_v):
+            m.d.sync += [rec_v.eq(1), rec.eq(rin),
+                         ip_len.eq(_FIXED_TRAILER + op0.ext_len + rin.payload_len + pad0),
+                         part.eq(sum(raw0[i:i + 16] for i in range(0, IPV4.bits, 16)))]
+
         op = OpcodeInfo(m, rec.bth.opcode, "prep")
         plen = rec.payload_len
         pad = Signal(2)
         m.d.comb += pad.eq(-plen)
-        ip_len = Signal(16)
-        m.d.comb += ip_len.eq(_FIXED_TRAILER + op.ext_len + plen + pad)
         ipv = Signal(header_layout(IPV4))
         m.d.comb += [ipv.eq(rec.ip), ipv.len.eq(ip_len), ipv.chksum.eq(0)]
-        raw = ipv.as_value()
         csum = Signal(20)
-        m.d.comb += csum.eq(sum(raw[i:i + 16] for i in range(0, IPV4.bits, 16)))
+        m.d.comb += csum.eq(part + ip_len)
         c1, c2 = Signal(17), Signal(17)
         m.d.comb += [c1.eq(csum[:16] + csum[16:]), c2.eq(c1[:16] + c1[16:])]
         ipf = Signal(header_layout(IPV4))
@@ -95,35 +112,88 @@ class RoceBuilder(wiring.Component):
         nxt_h = Signal(range(MAX_HDR_BYTES + 1))
         nxt_p = Signal(16)
         nxt_l = Signal(18)
-        m.d.comb += self.hdr.ready.eq(~nxt_valid)
-        with m.If(self.hdr.valid & ~nxt_valid):
-            m.d.sync += [nxt_valid.eq(1), nxt_hdr.eq(hbytes),
+        nxt_pe = Signal(18)     # header + payload bytes: where the pad starts
+        nxt_c = Signal(18)      # frame bytes before the ICRC
+        nxt_nin = Signal(17)    # payload beats to take
+        with m.If(rec_v & ~nxt_valid):
+            m.d.sync += [rec_v.eq(0), nxt_valid.eq(1), nxt_hdr.eq(hbytes),
                          nxt_h.eq(BASE_HDR_BYTES + op.ext_len), nxt_p.eq(plen),
-                         nxt_l.eq(14 + ip_len)]
+                         nxt_l.eq(14 + ip_len), nxt_pe.eq(BASE_HDR_BYTES + op.ext_len + plen),
+                         nxt_c.eq(14 + ip_len - ICRC_BYTES), nxt_nin.eq((plen + N - 1) >> logn)]
 
         # --- stream: one frame beat per cycle ----------------------------------------------
+        # Every per-beat length test reads registers: the bytes left of the header, of
+        # header + payload, of the frame and of the ICRC region count down by N per beat
+        # (loaded from the prepare stage), each with its byte mask and flags for the next
+        # beat computed when it is counted down. A beat then goes through three
+        # registers before the output FIFO: P1 runs the ICRC update over it, P2 un-zeroes
+        # the CRC once the region's last beat is in it, P3 ORs the ICRC into the beat(s)
+        # holding its slot. The whole pipeline moves together (``go``) when the FIFO has
+        # room, bubbles included, so the ICRC is ready before its first beat leaves.
         active = Signal()
         cur_hdr = Signal.like(nxt_hdr)
         hlen = Signal.like(nxt_h)
-        pl = Signal.like(nxt_p)
-        flen = Signal.like(nxt_l)
+        nin = Signal.like(nxt_nin)
         k = Signal(18 - logn + 1)
-        base = Signal(19)
-        m.d.comb += base.eq(k << logn)
         carry = Signal(W)
         pc = Signal(17)
-        n_in = Signal(17)
-        m.d.comb += n_in.eq((pl + N - 1) >> logn)
         q = hlen >> logn
         s = hlen[:logn]
 
-        room = Signal()
-        m.d.comb += room.eq(of.level < self.out_depth - 1)
+        go = Signal()
+        m.d.comb += go.eq(of.level < self.out_depth - 1)
         need = Signal()
-        m.d.comb += need.eq(active & (k >= q) & (pc < n_in))
-        adv = Signal()
-        m.d.comb += [adv.eq(active & room & (~need | self.i.valid)),
-                     self.i.ready.eq(active & room & need)]
+        m.d.comb += need.eq(active & (k >= q) & (pc < nin))
+        prod = Signal()
+        m.d.comb += [prod.eq(go & active & (~need | self.i.valid)),
+                     self.i.ready.eq(go & active & need)]
+        loading = Signal()      # the next frame's lengths and header come in
+
+        def counter(name: str, load_value):
+            """A bytes-left register, its value for the next beat, and both candidates
+            (loaded, counted down) so that derived values can be muxed late."""
+            cur = Signal(signed(21), name=f"{name}_left")
+            down = Signal(signed(21), name=f"{name}_down")
+            load = Signal(signed(21), name=f"{name}_load")
+            m.d.comb += [down.eq(cur - N), load.eq(load_value)]
+            return cur, load, down
+
+        h_left, h_ld, h_dn = counter("h", nxt_h)
+        p_left, p_ld, p_dn = counter("p", nxt_pe)
+        k_left, k_ld, k_dn = counter("k", nxt_l)
+        c_left, c_ld, c_dn = counter("c", nxt_c)
+        hmask, pmask, kmask, cmask = (Signal(N, name=f"{n}mask") for n in "hpkc")
+        last_r = Signal()
+        c_on, c_ends, ins_on = Signal(), Signal(), Signal()
+        zeros = Signal(logn)
+        at = Signal(range(N + ICRC_BYTES))
+        m.d.comb += loading.eq(nxt_valid & (~active | (prod & last_r)))
+
+        def late(f, ld, dn, name):
+            """``f`` of the next value, computed for both candidates beside ``loading``
+            (a long path: the output FIFO's level, the payload handshake) and picked last."""
+            a, b = f(ld, f"{name}_l"), f(dn, f"{name}_d")
+            return Mux(loading, a, b)
+
+        def thermo(v, name):
+            return _thermo(m, v, N, name)
+
+        with m.If(loading | prod):
+            m.d.sync += [
+                h_left.eq(Mux(loading, h_ld, h_dn)), p_left.eq(Mux(loading, p_ld, p_dn)),
+                k_left.eq(Mux(loading, k_ld, k_dn)), c_left.eq(Mux(loading, c_ld, c_dn)),
+                hmask.eq(late(thermo, h_ld, h_dn, "hmask")),
+                pmask.eq(late(thermo, p_ld, p_dn, "pmask")),
+                kmask.eq(late(thermo, k_ld, k_dn, "kmask")),
+                cmask.eq(late(thermo, c_ld, c_dn, "cmask")),
+                last_r.eq(late(lambda v, _: v <= N, k_ld, k_dn, "last")),
+                c_on.eq(late(lambda v, _: v > 0, c_ld, c_dn, "c_on")),
+                c_ends.eq(late(lambda v, _: (v > 0) & (v <= N), c_ld, c_dn, "c_ends")),
+                zeros.eq(late(lambda v, _: (N - v)[:logn], c_ld, c_dn, "zeros")),
+                # The ICRC may start in the previous beat: c in -3..-1.
+                ins_on.eq(late(lambda v, _: (v > -ICRC_BYTES) & (v < N), c_ld, c_dn, "ins")),
+                at.eq(late(lambda v, _: (v + ICRC_BYTES - 1)[:len(at)], c_ld, c_dn, "at")),
+            ]
 
         cur_in = Signal(W)
         m.d.comb += cur_in.eq(self.i.payload.data)
@@ -139,78 +209,75 @@ class RoceBuilder(wiring.Component):
                 lo, hi = kk * N, min((kk + 1) * N, MAX_HDR_BYTES)
                 with m.Case(kk):
                     m.d.comb += hbeat.eq(cur_hdr[lo * 8:hi * 8])
-        hrem, prem, krem = (Signal(signed(21), name=n) for n in ("hrem", "prem", "krem"))
-        m.d.comb += [hrem.eq(hlen - base), prem.eq(hlen + pl - base), krem.eq(flen - base)]
-        hmask = _thermo(m, hrem, N, "hmask")
-        pmask = _thermo(m, prem, N, "pmask")
-        kmask = _thermo(m, krem, N, "kmask")
         body = Signal(W)
         m.d.comb += body.eq((hbeat & _bytes_to_bits(hmask)) |
                             (window & _bytes_to_bits(pmask & ~hmask)))
+        n_fixed = len(crcmod.icrc_beat_masks(N))
+        k_fixed = Signal(range(n_fixed + 1))
+        m.d.comb += k_fixed.eq(Mux(k < n_fixed, k, n_fixed))
 
-        # ICRC over frame bytes [0, L - 4), inserted at [L - 4, L).
-        rem = Signal(signed(21))
-        m.d.comb += rem.eq(flen - ICRC_BYTES - base)
+        # P1: the ICRC update over frame bytes [0, L - 4).
+        p1 = dict(valid=Signal(), body=Signal(W), keep=Signal(N), first=Signal(),
+                  last=Signal(), kf=Signal.like(k_fixed), cmask=Signal(N), c_on=Signal(),
+                  c_ends=Signal(), zeros=Signal(logn), ins_on=Signal(), at=Signal.like(at))
+        with m.If(go):
+            m.d.sync += [p1["valid"].eq(prod), p1["body"].eq(body), p1["keep"].eq(kmask),
+                         p1["first"].eq(k == 0), p1["last"].eq(last_r),
+                         p1["kf"].eq(k_fixed), p1["cmask"].eq(cmask), p1["c_on"].eq(c_on),
+                         p1["c_ends"].eq(c_ends), p1["zeros"].eq(zeros),
+                         p1["ins_on"].eq(ins_on), p1["at"].eq(at)]
         fixed = Signal(W)
-        m.d.comb += fixed.eq(body)
-        with m.Switch(k):
+        m.d.comb += fixed.eq(p1["body"])
+        with m.Switch(p1["kf"]):
             for kk, (and_m, or_m) in enumerate(crcmod.icrc_beat_masks(N)):
                 with m.Case(kk):
-                    m.d.comb += fixed.eq((body & and_m) | or_m)
+                    m.d.comb += fixed.eq((p1["body"] & and_m) | or_m)
         masked = Signal(W)
-        m.d.comb += masked.eq(fixed & _bytes_to_bits(_thermo(m, rem, N, "crc_keep")))
+        m.d.comb += masked.eq(fixed & _bytes_to_bits(p1["cmask"]))
         crc = Signal(32)
+        zc = Signal(logn)
         crc_in = Signal(32)
-        m.d.comb += crc_in.eq(Mux(k == 0, 0, crc))
-        upd = Signal(32)
-        m.d.comb += upd.eq(crcmod.crc_update(crc_in, masked))
-        ends_here = Signal()
-        m.d.comb += ends_here.eq((rem > 0) & (rem <= N))
-        zeros = Signal(logn)
-        m.d.comb += zeros.eq(N - rem)
-        final_now = Signal(32)
-        m.d.comb += final_now.eq(~crcmod.crc_unzero(m, upd, zeros, "tx_unzero"))
-        icrc_reg = Signal(32)
+        m.d.comb += crc_in.eq(Mux(p1["first"], 0, crc))
+        with m.If(go & p1["valid"] & p1["c_on"]):
+            m.d.sync += crc.eq(crcmod.crc_update(crc_in, masked))
+        with m.If(go & p1["valid"] & p1["c_ends"]):
+            m.d.sync += zc.eq(p1["zeros"])
+
+        # P2: the region's last beat is here, so crc and zc are final: un-zero them.
+        # (The next frame's first beat may update crc in this same cycle; icrc keeps the
+        # value until the next frame's region ends.)
+        p2 = {n: Signal.like(v, name=f"p2_{n}") for n, v in p1.items()
+              if n in ("valid", "body", "keep", "first", "last", "c_ends", "ins_on", "at")}
+        with m.If(go):
+            m.d.sync += [v.eq(p1[n]) for n, v in p2.items()]
         icrc = Signal(32)
-        m.d.comb += icrc.eq(Mux(ends_here, final_now, icrc_reg))
-        # The ICRC slot bytes of ``body`` are zero: OR the ICRC in, shifted to frame byte
-        # L - 4 (it may have started in the previous beat: rem in -3..-1).
+        with m.If(go & p2["valid"] & p2["c_ends"]):
+            m.d.sync += icrc.eq(~crcmod.crc_unzero(m, crc, zc, "tx_unzero", group=3))
+
+        # P3: the ICRC slot bytes of the body are zero: OR the ICRC in, shifted to frame
+        # byte L - 4 (it may have started in the previous beat).
+        p3 = {n: Signal.like(v, name=f"p3_{n}") for n, v in p2.items() if n != "c_ends"}
+        with m.If(go):
+            m.d.sync += [v.eq(p2[n]) for n, v in p3.items()]
         lead = 8 * (ICRC_BYTES - 1)
         shifted = Signal(W + lead)
-        at = Signal(range(N + ICRC_BYTES))
-        m.d.comb += at.eq(rem + ICRC_BYTES - 1)
-        with m.If((rem > -ICRC_BYTES) & (rem < N)):
-            m.d.comb += shifted.eq(icrc << (at * 8))
-        out = Signal(W)
-        m.d.comb += out.eq(body | shifted[lead:])
-        last = Signal()
-        m.d.comb += last.eq(krem <= N)
-
+        with m.If(p3["ins_on"]):
+            m.d.comb += shifted.eq(icrc << (p3["at"] * 8))
         m.d.comb += [
-            of.i.valid.eq(adv),
-            of.i.payload.data.eq(out),
-            of.i.payload.keep.eq(kmask),
-            of.i.payload.first.eq(k == 0),
-            of.i.payload.last.eq(last),
+            of.i.valid.eq(go & p3["valid"]),
+            of.i.payload.data.eq(p3["body"] | shifted[lead:]),
+            of.i.payload.keep.eq(p3["keep"]),
+            of.i.payload.first.eq(p3["first"]),
+            of.i.payload.last.eq(p3["last"]),
         ]
 
-        def load():
-            return [active.eq(1), cur_hdr.eq(nxt_hdr), hlen.eq(nxt_h), pl.eq(nxt_p),
-                    flen.eq(nxt_l), k.eq(0), pc.eq(0), nxt_valid.eq(0)]
-
-        with m.If(adv):
+        with m.If(prod):
             m.d.sync += k.eq(k + 1)
-            with m.If(rem > 0):
-                m.d.sync += crc.eq(upd)
-            with m.If(ends_here):
-                m.d.sync += icrc_reg.eq(final_now)
             with m.If(need):
                 m.d.sync += [carry.eq(self.i.payload.data), pc.eq(pc + 1)]
-            with m.If(last):
+            with m.If(last_r):
                 m.d.sync += active.eq(0)
-                with m.If(nxt_valid):
-                    m.d.sync += load()
-        with m.If(~active & nxt_valid):
-            m.d.sync += load()
+        with m.If(loading):
+            m.d.sync += [active.eq(1), cur_hdr.eq(nxt_hdr), hlen.eq(nxt_h), nin.eq(nxt_nin),
+                         k.eq(0), pc.eq(0), nxt_valid.eq(0)]
         return m
-

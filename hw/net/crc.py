@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from functools import cache
 
-from amaranth.hdl import Cat, Const, Module, Mux, Signal, Value
+from amaranth.hdl import Cat, Const, Module, Signal, Value
 
 from fpgaccl.proto import ETH
 from fpgaccl.proto.icrc import VARIANT_MASK
@@ -56,6 +56,17 @@ def _residue() -> int:
 RESIDUE = _residue()
 """Raw register after a message followed by its own little-endian CRC-32 (0xDEBB20E3),
 starting from the all-ones init; our zero-init stream reaches the same value."""
+
+
+@cache
+def residue_after_zeros(zbytes: int) -> int:
+    """The register a good frame leaves when ``zbytes`` zero bytes followed its ICRC.
+
+    Un-zeroing is the invertible map ``A^-z``, so ``unzero(crc, z) == RESIDUE`` holds
+    exactly when ``crc == A^z RESIDUE``: the receiver compares with one of these
+    constants instead of un-zeroing its register (three 32x32 GF(2) stages off the
+    end-of-frame path)."""
+    return raw_update(RESIDUE, bytes(zbytes))
 
 
 @cache
@@ -159,12 +170,25 @@ def _apply_matrix(cols: tuple[int, ...], state: Value) -> Value:
                  for o in range(32)))
 
 
-def crc_unzero(m: Module, state: Value, zeros: Value, name: str = "unzero") -> Signal:
+def crc_unzero(m: Module, state: Value, zeros: Value, name: str = "unzero", *,
+               group: int = 1) -> Signal:
     """Undo ``zeros`` trailing zero bytes (a value below ``2**len(zeros)``); each
-    stage is a signal of its own so expressions stay small."""
-    for k in range(len(zeros)):
-        stage = Signal(32, name=f"{name}_{k}")
-        m.d.comb += stage.eq(Mux(zeros[k], _apply_matrix(unzero_columns(1 << k), state), state))
+    stage is a signal of its own so expressions stay small.
+
+    A stage handles ``group`` bits of ``zeros``: one matrix per value of those bits
+    (``2**group`` of them, identity included) and a mux. ``group=1`` is the smallest
+    (one conditional matrix per bit); a larger group trades LUTs for depth: one XOR
+    level and one mux per stage instead of per bit."""
+    if group < 1:
+        raise ValueError(f"group must be >= 1, not {group}")
+    for lo in range(0, len(zeros), group):
+        bits = zeros[lo:lo + group]
+        stage = Signal(32, name=f"{name}_{lo}")
+        with m.Switch(bits):
+            for v in range(1 << len(bits)):
+                with m.Case(v):
+                    m.d.comb += stage.eq(
+                        _apply_matrix(unzero_columns(v << lo), state) if v else state)
         state = stage
     return state
 

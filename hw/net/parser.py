@@ -17,11 +17,15 @@ the same :class:`~fpgaccl.proto.DropReason` (saturating counters on ``drops``). 
 longer than the FIFO holds is dropped and counted on ``oversize`` (DropReason.OVERSIZE in the node).
 
 Pipeline: the cycle a beat is taken, its header bytes are captured, the ICRC register
-is updated and (after the header) a realigned payload beat is written. The cycle after a
-frame's ``last`` (``eof``) evaluates every check from registers, writes the payload's
-remainder if it is still in the shifter, and commits or rewinds; it overlaps the next
-frame's first beat, which never writes payload, so back-to-back frames run at one beat
-per cycle with no gap.
+is updated (the beat's byte mask comes from a bytes-left register) and (after the
+header) a realigned payload beat is put in the FIFO's write register. The cycle after a
+frame's ``last`` (``eof``) evaluates every check from registers, registers the verdict
+and the header record, and writes the payload's remainder if it is still in the
+shifter; the cycle after that (``eof2``) counts the verdict and commits or rewinds (the
+FIFO writes, one cycle behind through their register, keep their order relative to the
+commit). Both overlap the next frame's first beats, which never write payload before
+``eof2``'s commit has happened, so back-to-back frames run at one beat per cycle with no
+gap.
 """
 
 from __future__ import annotations
@@ -140,34 +144,57 @@ class RoceParser(wiring.Component):
         op = OpcodeInfo(m, bth.opcode)
 
         # --- ICRC: CRC over frame bytes [0, 14 + ip.len), compared with the residue ------
+        # The bytes of the region left from the next beat on are kept in a register
+        # (loaded on the beat carrying ip.len, then N less per beat), and so are the next
+        # beat's byte mask and zero count: the CRC update reads its mask from flip-flops.
         len_pos = OFFSETS[IPV4.name] + IPV4.offset("len") // 8
         len_beat, len_off = divmod(len_pos, N)
-        ip_len_now = Signal(16)
-        m.d.comb += ip_len_now.eq(Mux(beat_idx == len_beat,
-                                      Cat(beat.data[(len_off + 1) * 8:(len_off + 2) * 8],
-                                          beat.data[len_off * 8:(len_off + 1) * 8]),
-                                      ip.len))
+        ip_len_now = Cat(beat.data[(len_off + 1) * 8:(len_off + 2) * 8],
+                         beat.data[len_off * 8:(len_off + 1) * 8])
         crc = Signal(32)
         crc_z = Signal(logn)
-        rem = Signal(signed(20 + logn))
-        m.d.comb += rem.eq(ETH.size + ip_len_now - base)
         fixed = Signal(W)
         m.d.comb += fixed.eq(beat.data)
         with m.Switch(beat_idx):
             for k, (and_m, or_m) in enumerate(crcmod.icrc_beat_masks(N)):
                 with m.Case(k):
                     m.d.comb += fixed.eq((beat.data & and_m) | or_m)
-        # Before the beat carrying ip.len the region is open whatever the stale length says.
-        early = Signal()
-        m.d.comb += early.eq(beat_idx < len_beat) if len_beat else early.eq(0)
-        in_region = _thermo(m, Mux(early, N, rem), N, "crc_keep")
+        # This beat's part of the region: all of it before the ip.len beat, registered
+        # after it. On the ip.len beat itself: a frame whose region ends there is shorter
+        # than the smallest one that reaches the ICRC check (it is dropped as TRUNCATED
+        # or IPV4_LENGTH first), so unless the beat is wide enough to hold a whole
+        # minimal frame, the mask is simply full.
+        rem_len = Signal(signed(19))
+        m.d.comb += rem_len.eq(ETH.size + ip_len_now - len_beat * N)
+        next_mask = Signal(N)
+        next_on = Signal()
+        next_z = Signal(logn)
+        left_r = Signal(signed(19))
+        mask_now = Signal(N)
+        on_now = Signal()
+        z_now = Signal(logn)
+        m.d.comb += [mask_now.eq(next_mask), on_now.eq(next_on), z_now.eq(next_z)]
+        with m.If(beat_idx < len_beat):
+            m.d.comb += [mask_now.eq((1 << N) - 1), on_now.eq(1), z_now.eq(0)]
+        with m.Elif(beat_idx == len_beat):
+            if (len_beat + 1) * N <= MIN_FRAME_BYTES:
+                m.d.comb += [mask_now.eq((1 << N) - 1), on_now.eq(1), z_now.eq(0)]
+            else:
+                m.d.comb += [mask_now.eq(_thermo(m, rem_len, N, "crc_keep_len")),
+                             on_now.eq(rem_len > 0),
+                             z_now.eq(Mux(rem_len < N, N - rem_len, 0))]
+        # Region bytes after this beat, for the next one (held once it reaches zero).
+        nxt = Signal(signed(19))
+        m.d.comb += nxt.eq(Mux(beat_idx == len_beat, rem_len, left_r) - N)
+        with m.If(take & (beat_idx >= len_beat) & ((beat_idx == len_beat) | (left_r > 0))):
+            m.d.sync += [left_r.eq(nxt), next_mask.eq(_thermo(m, nxt, N, "crc_keep_next")),
+                         next_on.eq(nxt > 0), next_z.eq(Mux(nxt < N, N - nxt, 0))]
         masked = Signal(W)
-        m.d.comb += masked.eq(fixed & _bytes_to_bits(in_region))
+        m.d.comb += masked.eq(fixed & _bytes_to_bits(mask_now))
         crc_in = Signal(32)
         m.d.comb += crc_in.eq(Mux(beat_idx == 0, 0, crc))
-        with m.If(take & (early | (rem > 0))):
-            m.d.sync += [crc.eq(crcmod.crc_update(crc_in, masked)),
-                         crc_z.eq(Mux(~early & (rem < N), N - rem, 0))]
+        with m.If(take & on_now):
+            m.d.sync += [crc.eq(crcmod.crc_update(crc_in, masked)), crc_z.eq(z_now)]
 
         # --- realigner: payload byte 0 to beat byte 0 ----------------------------------
         hlen = Signal(range(MAX_HDR_BYTES + 1))
@@ -194,7 +221,7 @@ class RoceParser(wiring.Component):
         want = Signal()
         m.d.comb += want.eq(take & (beat_idx > q) & (left > 0) & ~ovf)
         full = Signal()
-        m.d.comb += full.eq(pf.pending >= self.depth - 2)
+        m.d.comb += full.eq(pf.pending >= self.depth - 3)   # one write in flight
         write = Signal()
         m.d.comb += write.eq(want & ~full)
         with m.If(want & full):
@@ -214,31 +241,67 @@ class RoceParser(wiring.Component):
         ip_raw = hdr[OFFSETS[IPV4.name] * 8:(OFFSETS[IPV4.name] + IPV4.size) * 8]
         m.d.comb += cs.eq(sum(Cat(ip_raw[i + 8:i + 16], ip_raw[i:i + 8])
                               for i in range(0, IPV4.size * 8, 16)))
+        # The checksum's ten-word sum gets a register of its own when the IPv4 header is
+        # complete two beats before the last (see ``settled`` below: the folds and the
+        # compare then have one more cycle).
+        min_last_beat = (MIN_FRAME_BYTES - 1) // N
+        ip_end = OFFSETS[IPV4.name] + IPV4.size
+        cs_sum = Signal(20)
+        if (ip_end - 1) // N + 1 < min_last_beat:
+            m.d.sync += cs_sum.eq(cs)
+        else:
+            m.d.comb += cs_sum.eq(cs)
         cs1 = Signal(17)
         cs2 = Signal(17)
-        m.d.comb += [cs1.eq(cs[:16] + cs[16:]), cs2.eq(cs1[:16] + cs1[16:])]
+        m.d.comb += [cs1.eq(cs_sum[:16] + cs_sum[16:]), cs2.eq(cs1[:16] + cs1[16:])]
+        # Most checks read header bytes only. Where every frame that gets as far as a
+        # check (one of MIN_FRAME_BYTES or more: shorter ones are TRUNCATED first) has
+        # the bytes it reads complete before its last beat, the check is registered: those
+        # bytes stopped changing at least a cycle before eof reads it. That takes the
+        # IPv4 checksum's ten-word sum and the length arithmetic off eof's path.
+
+        def settled(value, end_byte: int, name: str):
+            out = Signal(len(value), name=f"chk_{name}")
+            if (end_byte - 1) // N < min_last_beat:
+                m.d.sync += out.eq(value)
+            else:
+                m.d.comb += out.eq(value)
+            return out
+
+        udp_end = OFFSETS[UDP.name] + UDP.size
         transport = Signal(signed(18))
         m.d.comb += transport.eq(ip.len - _L4)
-        icrc_final = Signal(32)
-        m.d.comb += icrc_final.eq(crcmod.crc_unzero(m, crc, crc_z))
+        frame_ip_len = settled(ETH.size + ip.len, ip_end, "frame_ip_len")
+        # unzero(crc, z) == RESIDUE, without un-zeroing: compare with A^z RESIDUE.
+        icrc_ok = Signal()
+        with m.Switch(crc_z):
+            for z in range(N):
+                with m.Case(z):
+                    m.d.comb += icrc_ok.eq(crc == crcmod.residue_after_zeros(z))
 
         checks = [
             (DropReason.TRUNCATED, frame_len < MIN_FRAME_BYTES),
-            (DropReason.BAD_ETHERTYPE, eth.type != ETHERTYPE_IPV4),
-            (DropReason.IPV4_VERSION, ip.version != 4),
-            (DropReason.IPV4_OPTIONS, ip.ihl != IPV4.size // 4),
-            (DropReason.IPV4_FRAGMENT, ip.flags[0] | (ip.frag != 0)),
-            (DropReason.IPV4_CHECKSUM, cs2[:16] != 0xFFFF),
-            (DropReason.IPV4_PROTOCOL, ip.proto != IP_PROTO_UDP),
-            (DropReason.IPV4_LENGTH, (ip.len < _L4) | (ETH.size + ip.len > frame_len)),
-            (DropReason.UDP_PORT, udp.dport != ROCEV2_UDP_PORT),
-            (DropReason.UDP_LENGTH, udp.len != (ip.len - IPV4.size)[:16]),
-            (DropReason.TRUNCATED, transport < BTH.size + ICRC_BYTES),
-            (DropReason.BTH_VERSION, bth.version != 0),
-            (DropReason.UNKNOWN_OPCODE, ~op.supported),
+            (DropReason.BAD_ETHERTYPE,
+             settled(eth.type != ETHERTYPE_IPV4, ETH.size, "ethertype")),
+            (DropReason.IPV4_VERSION, settled(ip.version != 4, ip_end, "version")),
+            (DropReason.IPV4_OPTIONS, settled(ip.ihl != IPV4.size // 4, ip_end, "ihl")),
+            (DropReason.IPV4_FRAGMENT,
+             settled(ip.flags[0] | (ip.frag != 0), ip_end, "fragment")),
+            (DropReason.IPV4_CHECKSUM, settled(cs2[:16] != 0xFFFF, ip_end, "checksum")),
+            (DropReason.IPV4_PROTOCOL, settled(ip.proto != IP_PROTO_UDP, ip_end, "proto")),
+            (DropReason.IPV4_LENGTH,
+             settled(ip.len < _L4, ip_end, "ip_short") | (frame_ip_len > frame_len)),
+            (DropReason.UDP_PORT, settled(udp.dport != ROCEV2_UDP_PORT, udp_end, "port")),
+            (DropReason.UDP_LENGTH,
+             settled(udp.len != (ip.len - IPV4.size)[:16], udp_end, "udp_len")),
             (DropReason.TRUNCATED,
-             transport < BTH.size + op.ext_len + ICRC_BYTES + bth.padcount),
-            (DropReason.BAD_ICRC, icrc_final != crcmod.RESIDUE),
+             settled(transport < BTH.size + ICRC_BYTES, ip_end, "no_bth")),
+            (DropReason.BTH_VERSION, settled(bth.version != 0, BASE_HDR_BYTES, "bth_version")),
+            (DropReason.UNKNOWN_OPCODE, settled(~op.supported, BASE_HDR_BYTES, "opcode")),
+            (DropReason.TRUNCATED,
+             settled(transport < BTH.size + op.ext_len + ICRC_BYTES + bth.padcount,
+                     BASE_HDR_BYTES, "no_ext")),
+            (DropReason.BAD_ICRC, ~icrc_ok),
         ]
         assert {r for r, _ in checks} == set(PARSER_DROPS)
         bad = Signal()
@@ -249,27 +312,46 @@ class RoceParser(wiring.Component):
             with (m.If if i == 0 else m.Elif)(cond):
                 m.d.comb += [bad.eq(1), reason.eq(r)]
 
-        good = Signal()
-        flush = Signal()
-        m.d.comb += [good.eq(eof & ~bad), flush.eq(good & (left > 0))]
+        rec = Signal(RECORD)      # the header record, driven below
+        # eof only registers the verdict; the cycle after (eof2) counts it and commits or
+        # rewinds. The payload FIFO's writes go through a register too, so they keep their
+        # place relative to commit/rewind: the frame's flush (written at eof whatever the
+        # verdict, rewound with the frame if bad) lands in the FIFO at eof2 with its
+        # commit, and the next frame's writes land after it.
+        eof2 = Signal()
+        bad_r = Signal()
+        ovf_r = Signal()
+        reason_r = Signal.like(reason)
+        rec_r = Signal(RECORD)
+        m.d.sync += eof2.eq(eof)
         with m.If(eof):
-            with m.If(ovf):
+            m.d.sync += [bad_r.eq(bad), ovf_r.eq(ovf), reason_r.eq(reason), rec_r.eq(rec)]
+        with m.If(eof2):
+            with m.If(ovf_r):
                 sat_inc(m, self.oversize)
-            with m.Elif(bad):
+            with m.Elif(bad_r):
                 for r in PARSER_DROPS:
-                    with m.If(reason == r):
+                    with m.If(reason_r == r):
                         sat_inc(m, self.drops[r])
             with m.Else():
                 sat_inc(m, self.accepted)
 
+        flush = Signal()
+        m.d.comb += flush.eq(eof & ~ovf & (left > 0))
+        w_en = Signal()
+        w_beat = Signal.like(pf.w_data)
+        m.d.sync += [
+            w_en.eq(write | flush),
+            w_beat.data.eq(window),
+            w_beat.keep.eq(wkeep),
+            w_beat.first.eq(written == 0),
+            w_beat.last.eq(left <= N),
+        ]
         m.d.comb += [
-            pf.w_en.eq(write | flush),
-            pf.w_data.data.eq(window),
-            pf.w_data.keep.eq(wkeep),
-            pf.w_data.first.eq(written == 0),
-            pf.w_data.last.eq(left <= N),
-            pf.commit.eq(good),
-            pf.rewind.eq(eof & bad),
+            pf.w_en.eq(w_en),
+            pf.w_data.eq(w_beat),
+            pf.commit.eq(eof2 & ~bad_r),
+            pf.rewind.eq(eof2 & bad_r),
         ]
 
         # Per-frame state restarts on a frame's first beat (after eof has used it).
@@ -277,7 +359,6 @@ class RoceParser(wiring.Component):
             m.d.sync += [written.eq(0), ovf.eq(0)]
 
         # --- header record -------------------------------------------------------------
-        rec = Signal(RECORD)
         imm_offsets = sorted({ext_offset(o, IMMDT) for o in IMMDT_OPCODES})
         assert len(imm_offsets) == 2 and imm_offsets[0] == BASE_HDR_BYTES
         m.d.comb += [
@@ -290,14 +371,15 @@ class RoceParser(wiring.Component):
             rec.has_reth.eq(op.has_reth), rec.has_aeth.eq(op.has_aeth),
             rec.has_immdt.eq(op.has_immdt),
             rec.payload_len.eq(plen),
-            hf.w_data.eq(rec),
-            hf.w_en.eq(good),
+            hf.w_data.eq(rec_r),
+            hf.w_en.eq(eof2 & ~bad_r),
             self.hdr.payload.eq(hf.r_data),
             self.hdr.valid.eq(hf.r_rdy),
             hf.r_en.eq(self.hdr.ready),
         ]
 
-        # Input ready from registers only: room for a payload beat and a pending flush
-        # (or the frame already overflowed), and for the header of a pending commit.
-        m.d.comb += self.i.ready.eq(((pf.space >= 2) | ovf) & (hf.level < self.hdr_depth - 2))
+        # Input ready from registers only: room for a payload beat, the one in the write
+        # register and a pending flush (or the frame already overflowed), and for the
+        # headers of the frames between their last beat and their commit.
+        m.d.comb += self.i.ready.eq(((pf.space >= 3) | ovf) & (hf.level < self.hdr_depth - 3))
         return m

@@ -13,12 +13,15 @@ from .common import FloatFormat, Unpacked, leading_zeros, shift_right_sticky
 class FloatMul(wiring.Component):
     """``o = a * b`` after :attr:`latency` cycles, one operation per cycle.
 
-    Stage 1 multiplies the significands (the DSP stage), stage 2 normalises the
-    product (left for subnormal inputs, right with sticky for subnormal results),
-    stage 3 rounds and packs.
+    Stage 1 multiplies the significands (the DSP stage) and, beside it, counts each
+    operand's leading zeros (nonzero only for subnormal inputs); stage 2 shifts the
+    product left by their sum, which leaves at most one more bit to normalise, and
+    picks how far a subnormal result must go right; stage 3 does that right shift with
+    sticky; stage 4 rounds and packs. (One 48-bit leading-zero count, a left and a
+    right shift in one cycle was the deepest path of the node's reduction unit.)
     """
 
-    latency = 3
+    latency = 4
 
     def __init__(self, fmt: FloatFormat) -> None:
         self.fmt = fmt
@@ -49,56 +52,87 @@ class FloatMul(wiring.Component):
         with m.Else():
             m.d.comb += special_val.eq(Cat(Const(0, f.width - 1), sign))
 
-        # Stage 1: significand product and the exponent of its bit 2p-2 (value 1.0).
+        # Stage 1: significand product, the exponent of its bit 2p-2 (value 1.0), and the
+        # leading zeros of the two significands (only subnormals have any).
         s1_special = Signal()
         s1_special_val = Signal(f.width)
         s1_prod = Signal(2 * p)
         s1_exp = Signal(signed(exp_w))
         s1_sign = Signal()
+        s1_lz = Signal(range(2 * p + 1))
+        lz_a = leading_zeros(m, a.sig)
+        lz_b = leading_zeros(m, b.sig)
         m.d.sync += [
             s1_special.eq(a.is_nan | b.is_nan | a.is_inf | b.is_inf | a.is_zero | b.is_zero),
             s1_special_val.eq(special_val),
             s1_prod.eq(a.sig * b.sig),
             s1_exp.eq(a.exp_eff + b.exp_eff - f.bias),
             s1_sign.eq(sign),
+            s1_lz.eq(lz_a + lz_b),
         ]
 
-        # Stage 2: bring the leading one to the top bit; the biased exponent of the
-        # result is then exp + 1 - lz. Below the minimum exponent, shift right instead
-        # and let the sticky bit remember what fell off.
-        lz = leading_zeros(m, s1_prod)
-        exp_n = Signal(signed(exp_w))
-        m.d.comb += exp_n.eq(s1_exp + 1 - lz)
+        # Stage 2: a product of significands with lz_a and lz_b leading zeros has lz_a +
+        # lz_b or one more (zero operands are specials): shift by the sum, then by one if
+        # the top bit is still clear. The biased exponent of the result is exp + 1 - lz;
+        # below the minimum exponent the significand must go right by 1 - exp (at most
+        # 2p + 1, past which only the sticky bit is left): both candidates are worked out
+        # beside the shifter and picked with it.
+        pre = Signal(2 * p)
+        m.d.comb += pre.eq(s1_prod << s1_lz)
+        fix = Signal()
+        m.d.comb += fix.eq(~pre[-1])
         normed = Signal(2 * p)
-        m.d.comb += normed.eq(s1_prod << lz)
-        under = Signal(range(2 * p + 2))
-        m.d.comb += under.eq(Mux(exp_n < 1, Mux(exp_n < -2 * p, 2 * p + 1, 1 - exp_n), 0))
-        shifted, lost = shift_right_sticky(m, normed, under)
+        m.d.comb += normed.eq(Mux(fix, pre << 1, pre))
+        e0 = Signal(signed(exp_w))
+        m.d.comb += e0.eq(s1_exp + 1 - s1_lz)
+
+        def underflow(e):
+            u = Signal(range(2 * p + 2))
+            m.d.comb += u.eq(Mux(e < 1, Mux(e < -2 * p, 2 * p + 1, 1 - e), 0))
+            return u
+
+        u0, u1 = underflow(e0), underflow(e0 - 1)
+        e1 = Signal(signed(exp_w))
+        m.d.comb += e1.eq(e0 - 1)
         s2_norm = Signal(2 * p)
-        s2_lost = Signal()
+        s2_under = Signal(range(2 * p + 2))
         s2_exp = Signal(signed(exp_w))
         s2_special = Signal()
         s2_special_val = Signal(f.width)
         s2_sign = Signal()
         m.d.sync += [
-            s2_norm.eq(shifted), s2_lost.eq(lost),
-            s2_exp.eq(Mux(exp_n < 1, 1, exp_n)),
+            s2_norm.eq(normed), s2_under.eq(Mux(fix, u1, u0)),
+            s2_exp.eq(Mux(fix, Mux(e1 < 1, 1, e1), Mux(e0 < 1, 1, e0))),
             s2_special.eq(s1_special), s2_special_val.eq(s1_special_val), s2_sign.eq(s1_sign),
         ]
 
-        # Stage 3: round to nearest even and pack, as in the adder: the rounded
+        # Stage 3: the subnormal result's right shift; the sticky bit remembers what fell
+        # off.
+        shifted, lost = shift_right_sticky(m, s2_norm, s2_under)
+        s3_norm = Signal(2 * p)
+        s3_lost = Signal()
+        s3_exp = Signal(signed(exp_w))
+        s3_special = Signal()
+        s3_special_val = Signal(f.width)
+        s3_sign = Signal()
+        m.d.sync += [
+            s3_norm.eq(shifted), s3_lost.eq(lost), s3_exp.eq(s2_exp),
+            s3_special.eq(s2_special), s3_special_val.eq(s2_special_val), s3_sign.eq(s2_sign),
+        ]
+
+        # Stage 4: round to nearest even and pack, as in the adder: the rounded
         # significand (hidden bit included) added onto exp - 1.
-        mant = s2_norm[p:]
-        guard = s2_norm[p - 1]
-        rest = s2_norm[:p - 1].any() | s2_lost
+        mant = s3_norm[p:]
+        guard = s3_norm[p - 1]
+        rest = s3_norm[:p - 1].any() | s3_lost
         rounded = mant + (guard & (rest | mant[0]))
         mag = Signal(signed(exp_w + f.m + 2))
-        m.d.comb += mag.eq(((s2_exp - 1) << f.m) + rounded)
+        m.d.comb += mag.eq(((s3_exp - 1) << f.m) + rounded)
         overflow = mag[f.m:].as_signed() >= f.exp_max
-        with m.If(s2_special):
-            m.d.sync += self.o.eq(s2_special_val)
+        with m.If(s3_special):
+            m.d.sync += self.o.eq(s3_special_val)
         with m.Elif(overflow):
-            m.d.sync += self.o.eq(Cat(Const(0, f.m), Const(f.exp_max, f.e), s2_sign))
+            m.d.sync += self.o.eq(Cat(Const(0, f.m), Const(f.exp_max, f.e), s3_sign))
         with m.Else():
-            m.d.sync += self.o.eq(Cat(mag[:f.width - 1], s2_sign))
+            m.d.sync += self.o.eq(Cat(mag[:f.width - 1], s3_sign))
         return m

@@ -104,12 +104,14 @@ class Requester(wiring.Component):
         m.d.comb += self.qp_error.eq(Cat(*err))
 
         # ---- retransmit timers --------------------------------------------------------
+        # ``expired`` is registered (a timeout fires a cycle later; the 32-bit compare
+        # stays off the control's path) and cleared with the timer.
         expired = Signal(nqp)
         for i in range(nqp):
             limit = Signal(TIMER_BITS, name=f"limit{i}")
             m.d.comb += limit.eq(self.timeout << Mux(retries[i] > 3, 3, retries[i][:2]))
-            m.d.comb += expired[i].eq(timer[i] >= limit)
             counting = active[i] & ~err[i] & (send[i] != una[i])
+            m.d.sync += expired[i].eq(counting & ~kick[i] & (timer[i] >= limit))
             with m.If(kick[i] | ~counting):
                 m.d.sync += timer[i].eq(0)
             with m.Elif(~expired[i]):
@@ -222,6 +224,10 @@ class Requester(wiring.Component):
                          self.data.payload.eq(self.rd_resp.payload)]
 
         # ---- control: one event per cycle (ACK/NAK, timeout, new descriptor) -----------
+        # An ACK takes two stages: ``a`` (as received) has its QP looked up (it reads only
+        # context software set before RTS) into ``b``; the control stage then picks that
+        # QP's una/end from flops. ACKs come at most once per packet, so the extra cycle
+        # costs no throughput.
         a = Signal(HDR)
         a_v = Signal()
         m.d.comb += self.ack.ready.eq(~a_v)
@@ -230,8 +236,15 @@ class Requester(wiring.Component):
         with m.If(self.cmpl.ready):
             m.d.sync += self.cmpl.valid.eq(0)
 
-        hit, aq = qp_lookup(m, self.qp_ctl, nqp, a.bth.dqpn, QPState.RTS, "ack_qp")
-        p = a.bth.psn
+        a_hit, a_q = qp_lookup(m, self.qp_ctl, nqp, a.bth.dqpn, QPState.RTS, "ack_qp")
+        b_v = Signal()
+        hit = Signal()
+        aq = Signal(range(max(nqp, 2)))
+        p = Signal(24)
+        syndrome = Signal(8)
+        with m.If(a_v & ~b_v):
+            m.d.sync += [b_v.eq(1), a_v.eq(0), hit.eq(a_hit), aq.eq(a_q),
+                         p.eq(a.bth.psn), syndrome.eq(a.aeth.syndrome)]
         a_una = pick(una, aq, 24, m, "a_una")
         a_end = pick(end, aq, 24, m, "a_end")
         a_active = pick(active, aq, 1, m, "a_active")
@@ -239,8 +252,8 @@ class Requester(wiring.Component):
         d_una = psn_sub(m, p, a_una, "d_una")
         d_end = psn_sub(m, p, a_end, "d_end")
         in_window = ~behind(d_una) & behind(d_end)
-        kind = a.aeth.syndrome[5:7]
-        code = a.aeth.syndrome[:5]
+        kind = syndrome[5:7]
+        code = syndrome[:5]
         p1 = Signal(24)
         m.d.comb += p1.eq(p + 1)
 
@@ -277,8 +290,8 @@ class Requester(wiring.Component):
 
         retries_total = [self.qp_sts[i].retries.value for i in range(nqp)]
         with m.If(~self.cmpl.valid):
-            with m.If(a_v):
-                m.d.sync += a_v.eq(0)
+            with m.If(b_v):
+                m.d.sync += b_v.eq(0)
                 with m.If(~hit):
                     sat_inc(m, self.bad_qpn)
                 with m.Elif(a_active & ~a_err):

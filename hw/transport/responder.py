@@ -198,7 +198,7 @@ class Responder(wiring.Component):
                 m.d.sync += [h.eq(hq), q_hit.eq(hit), q.eq(idx), key_ok.eq(k_hit.any()),
                              right_ok.eq(k_right.bit_select(first_key, 1)),
                              bound_ok.eq(k_bound.bit_select(first_key, 1))]
-                m.next = "CHECK"
+                m.next = "PICK"
 
         opcode = h.bth.opcode
         is_write = _in_set(m, opcode, WRITE_OPS, "is_write")
@@ -206,23 +206,26 @@ class Responder(wiring.Component):
         is_end = _in_set(m, opcode, _END, "is_end")
         is_imm = _in_set(m, opcode, _IMM, "is_imm")
 
-        cur_epsn = pick(epsn, q, 24, m, "cur_epsn")
-        cur_nak_sent = pick(nak_sent, q, 1, m, "cur_nak_sent")
-        cur_open = pick(w_open, q, 1, m, "cur_open")
-        cur_va = pick(w_va, q, 64, m, "cur_va")
-        cur_rem = pick(w_rem, q, 32, m, "cur_rem")
-        cur_mva = pick(m_va, q, 64, m, "cur_mva")
-        cur_mlen = pick(m_len, q, 32, m, "cur_mlen")
-        cur_msn = pick(msn, q, 24, m, "cur_msn")
-        cur_since = pick(since, q, 16, m, "cur_since")
-        d = psn_sub(m, h.bth.psn, cur_epsn, "rx_d")
+        # PICK (the cycle after a header is taken) reads the QP's context through 8:1
+        # muxes and works out the PSN distance and the length test into flops; CHECK
+        # decides from those. Only CHECK writes these context fields, so they cannot
+        # change in between.
+        ctx = [(epsn, 24, "epsn"), (nak_sent, 1, "nak_sent"), (w_open, 1, "open"),
+               (w_va, 64, "va"), (w_rem, 32, "rem"), (m_va, 64, "mva"), (m_len, 32, "mlen"),
+               (msn, 24, "msn"), (since, 16, "since")]
+        picked = {name: pick(sigs, q, w, m, f"pick_{name}") for sigs, w, name in ctx}
+        cur = {name: Signal(w, name=f"cur_{name}") for _, w, name in ctx
+               if name not in ("va", "rem")}       # those two go into va/rem below
+        cur_epsn, cur_nak_sent, cur_open = cur["epsn"], cur["nak_sent"], cur["open"]
+        cur_mva, cur_mlen, cur_msn, cur_since = cur["mva"], cur["mlen"], cur["msn"], cur["since"]
+        d = psn_sub(m, h.bth.psn, picked["epsn"], "rx_d")
+        n = h.payload_len
+        p_rem = Signal(32)
+        m.d.comb += p_rem.eq(Mux(is_first, h.reth.dlen, picked["rem"]))
+        dup, ooo = Signal(), Signal()
         rem = Signal(32)
         va = Signal(64)
-        m.d.comb += [rem.eq(Mux(is_first, h.reth.dlen, cur_rem)),
-                     va.eq(Mux(is_first, h.reth.va, cur_va))]
-        n = h.payload_len
         len_bad = Signal()
-        m.d.comb += len_bad.eq((n > rem) | (is_end & (n != rem)))
         has_payload = h.payload_len != 0
         w_addr = Signal(64)
 
@@ -269,6 +272,15 @@ class Responder(wiring.Component):
             with m.State("IDLE"):
                 take_next()
 
+            with m.State("PICK"):
+                m.d.sync += [v.eq(picked[k]) for k, v in cur.items()]
+                m.d.sync += [
+                    dup.eq(behind(d)), ooo.eq(d != 0),
+                    rem.eq(p_rem), va.eq(Mux(is_first, h.reth.va, picked["va"])),
+                    len_bad.eq((n > p_rem) | (is_end & (n != p_rem))),
+                ]
+                m.next = "CHECK"
+
             # One receive-completion slot, registered, and one packet awaiting its
             # write: CHECK waits until both are free.
             with m.State("CHECK"), m.If(~self.cmpl.valid & ~pend):
@@ -278,11 +290,11 @@ class Responder(wiring.Component):
                 with m.Elif(~is_write):
                     count(DropReason.UNKNOWN_OPCODE)
                     after(False)
-                with m.Elif(behind(d)):
+                with m.Elif(dup):
                     count(DropReason.PSN_DUPLICATE)
                     set_q(ack_owed, 1)
                     after(False)
-                with m.Elif(d != 0):
+                with m.Elif(ooo):
                     count(DropReason.PSN_OUT_OF_ORDER)
                     with m.If(~cur_nak_sent):
                         nak(NakCode.PSN_SEQUENCE_ERROR, cur_epsn)

@@ -45,14 +45,15 @@ def test_beat_masks_cover_the_variant_fields():
     assert flat_or[crc.LRH_ZERO:crc.ETH.size] == b"\xff" * 4
 
 
+@pytest.mark.parametrize("group", [1, 3])
 @pytest.mark.parametrize("nbytes", [8, 64])
-def test_crc_circuit_on_amaranth_simulator(nbytes):
+def test_crc_circuit_on_amaranth_simulator(nbytes, group):
     state, data, z = Signal(32), Signal(8 * nbytes), Signal(nbytes.bit_length() - 1)
     m = Module()
     upd = Signal(32)
     m.d.comb += upd.eq(crc.crc_update(state, data))
-    fin = crc.crc_unzero(m, upd, z)
-    rng = random.Random(nbytes)
+    fin = crc.crc_unzero(m, upd, z, group=group)
+    rng = random.Random(nbytes + group)
 
     async def bench(ctx):
         for _ in range(20):

@@ -138,3 +138,30 @@ def test_stallable_lane_holds_while_disabled():
     sim.run()
     # Frozen at whatever the idle pipeline showed, then the pending 1 + 1 completes.
     assert seen[:10] == [seen[0]] * 10 and seen[10] == two
+
+
+@pytest.mark.parametrize("dtype", [DType.FLOAT16, DType.BFLOAT16, DType.FLOAT32],
+                         ids=lambda d: d.name.lower())
+def test_float_mul_subnormal_operands(dtype):
+    """Subnormal x normal and subnormal x subnormal: the multiplier normalises each
+    operand before the product, so every leading-zero count of a subnormal significand
+    and every result class (normal, subnormal, rounds up to normal, flushes to zero)
+    must come out as the reference says."""
+    e, m = dtype.info.exp_bits, dtype.info.frac_bits
+    rng = np.random.default_rng(7)
+    n = 3000
+    # Every leading-zero count: one set bit at each fraction position, then random fill.
+    one = np.uint64(1) << rng.integers(0, m, n).astype(np.uint64)
+    frac = one | (rng.integers(0, 1 << m, n, dtype=np.uint64) & (one - np.uint64(1)))
+    sign = rng.integers(0, 2, n, dtype=np.uint64) << np.uint64(e + m)
+    a = sign | frac
+    # b: normals whose exponent brings the product anywhere from overflow to underflow,
+    # and one in eight a subnormal too.
+    bias = (1 << (e - 1)) - 1
+    exp_b = rng.integers(1, (1 << e) - 1, n, dtype=np.uint64)
+    exp_b = np.where(rng.integers(0, 2, n) == 1,
+                     rng.integers(bias, min((1 << e) - 1, bias + m + 3), n, dtype=np.uint64), exp_b)
+    b = (rng.integers(0, 2, n, dtype=np.uint64) << np.uint64(e + m)) | (exp_b << np.uint64(m)) | \
+        rng.integers(0, 1 << m, n, dtype=np.uint64)
+    b = np.where(rng.integers(0, 8, n) == 0, rng.integers(1, 1 << m, n, dtype=np.uint64), b)
+    check(dtype, ReduceOp.PROD, a, b, run_lane(FloatMul(fmt_of(dtype)), a, b))
