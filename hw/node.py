@@ -31,19 +31,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from amaranth.hdl import Cat, Module, Signal
-from amaranth.lib import stream, wiring
+from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
 from fpgaccl.hw.csr.bank import CSRBank
 from fpgaccl.hw.csr.bus import CSRBusSignature
 from fpgaccl.hw.datapath.engines import CopyEngine, ReduceEngine
-from fpgaccl.hw.datapath.memport import (
-    MEM_READ_REQ,
-    ReadMux,
-    WriteMux,
-    channel_names,
-    mem_write_layout,
-)
+from fpgaccl.hw.datapath.memport import ReadMux, WriteMux, channel_names, memory_ports
 from fpgaccl.hw.datapath.router import N_BUFS, Router
 from fpgaccl.hw.net.builder import RoceBuilder
 from fpgaccl.hw.net.parser import RoceParser
@@ -85,13 +79,7 @@ class Node(wiring.Component):
         self.split_memory = split_memory
         self.regmap = default_map(qps=qps, regions=regions, imem_words=imem_words, dma=False)
         nr, nw = (len(READ_CHANNELS), len(WRITE_CHANNELS)) if split_memory else (1, 1)
-        memory = {}
-        for req, resp in zip(channel_names("rd_req", nr), channel_names("rd_resp", nr),
-                             strict=True):
-            memory[req] = Out(stream.Signature(MEM_READ_REQ))
-            memory[resp] = In(beat_stream(width))
-        for wr in channel_names("wr", nw):
-            memory[wr] = Out(stream.Signature(mem_write_layout(width)))
+        memory = memory_ports(width, nr, nw)
         super().__init__({
             "rx": In(beat_stream(width)),
             "tx": Out(beat_stream(width)),

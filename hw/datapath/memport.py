@@ -12,13 +12,27 @@ from amaranth.lib.wiring import In, Out
 from fpgaccl.hw.stream.beat import beat_stream
 from fpgaccl.hw.transport.layouts import MEM_READ_REQ, mem_write_layout
 
-__all__ = ["MEM_READ_REQ", "ReadMux", "WriteMux", "channel_names", "mem_write_layout"]
+__all__ = ["MEM_READ_REQ", "ReadMux", "WriteMux", "channel_names", "mem_write_layout",
+           "memory_ports"]
 
 
 def channel_names(kind: str, n: int) -> list[str]:
     """Port names of ``n`` memory channels of a kind (``rd_req``, ``rd_resp``, ``wr``):
     ``rd_req``, ``rd_req1``, ... -- channel 0 keeps the one-port name."""
     return [kind if i == 0 else f"{kind}{i}" for i in range(n)]
+
+
+def memory_ports(width: int, reads: int, writes: int) -> dict:
+    """Signature members of ``reads`` read and ``writes`` write channels, as the master
+    (a node) sees them; a memory takes them flipped."""
+    members = {}
+    for req, resp in zip(channel_names("rd_req", reads), channel_names("rd_resp", reads),
+                         strict=True):
+        members[req] = Out(stream.Signature(MEM_READ_REQ))
+        members[resp] = In(beat_stream(width))
+    for wr in channel_names("wr", writes):
+        members[wr] = Out(stream.Signature(mem_write_layout(width)))
+    return members
 
 
 def _round_robin(m: Module, last: Signal, valids: list) -> tuple[Signal, Signal]:

@@ -13,11 +13,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from amaranth.hdl import Cat, ClockSignal, Const, Instance, Module, Mux, Signal
-from amaranth.lib import memory, stream, wiring
+from amaranth.lib import memory, wiring
 from amaranth.lib.wiring import In, Out
 
-from fpgaccl.hw.datapath.memport import MEM_READ_REQ, channel_names, mem_write_layout
-from fpgaccl.hw.stream.beat import beat_stream
+from fpgaccl.hw.datapath.memport import channel_names, memory_ports
 
 RAM_VERILOG = Path(__file__).with_name("sim_ram.v")
 """Source of the Verilog RAM; a Verilator build of a design using
@@ -53,13 +52,7 @@ class SimMemory(wiring.Component):
         self.reads, self.writes = reads, writes
         self.nbytes = width // 8
         self.depth = size // self.nbytes
-        members = {}
-        for req, resp in zip(channel_names("rd_req", reads), channel_names("rd_resp", reads),
-                             strict=True):
-            members[req] = In(stream.Signature(MEM_READ_REQ))
-            members[resp] = Out(beat_stream(width))
-        for wr in channel_names("wr", writes):
-            members[wr] = In(stream.Signature(mem_write_layout(width)))
+        members = {k: m.flip() for k, m in memory_ports(width, reads, writes).items()}
         super().__init__({
             **members,
             # backdoor: word address, whole-word writes, reads one cycle later
