@@ -103,21 +103,12 @@ def main(argv: list[str] | None = None) -> int:
         text, depth_rows = logic_depth(result.folder)
         print(f"\nlogic depth per block (estimate from the netlist, {DEPTH_NOTE}):\n{text}")
 
-    record = {
-        "bench": "boards_fmax",
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "git": git_rev(),
-        "machine": {"node": platform.node(), "cpus": os.cpu_count(),
-                    "python": platform.python_version(), "system": platform.platform()},
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+    write_record(args.out, git_rev(), {
         "target_mhz": TARGET_MHZ if ecp5 else None,
         "verdict": verdict,
         "build": result.summary(),
         "logic_depth": {"note": DEPTH_NOTE, "blocks": depth_rows} if depth_rows else None,
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(record, indent=2) + "\n")
-    print(f"\nwrote {args.out}")
+    })
     return 0
 
 
@@ -127,19 +118,10 @@ def depth_only(args) -> int:
             "nextpnr's Fmax is the number of record")
     depth_note = DEPTH_NOTE.split(";")[0]
     print(f"{args.depth}\n{note}\n\nlogic depth per block ({depth_note}):\n{text}")
-    record = {
-        "bench": "boards_fmax", "status": note,
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "git": args.rev or git_rev(),
-        "machine": {"node": platform.node(), "cpus": os.cpu_count(),
-                    "python": platform.python_version(), "system": platform.platform()},
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "target_mhz": TARGET_MHZ, "build_folder": str(args.depth),
+    write_record(args.out, args.rev or git_rev(), {
+        "status": note, "target_mhz": TARGET_MHZ, "build_folder": str(args.depth),
         "logic_depth": {"note": depth_note, "blocks": depth_rows},
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(record, indent=2) + "\n")
-    print(f"\nwrote {args.out}")
+    })
     return 0
 
 
@@ -164,22 +146,30 @@ def partial(args) -> int:
     if routing:
         print(f"\nrouter: {routing[-1]}")
     record = {
-        "bench": "boards_fmax", "status": note,
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "git": args.rev or git_rev(),
-        "machine": {"node": platform.node(), "cpus": os.cpu_count(),
-                    "python": platform.python_version(), "system": platform.platform()},
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "target_mhz": TARGET_MHZ, "verdict": verdict,
+        "status": note, "target_mhz": TARGET_MHZ, "verdict": verdict,
         "build_folder": str(args.partial), "report": rep.as_dict(),
         "router_last": routing[-1] if routing else None,
         "analysis": "boards/README.md, 'ECP5-85F timing: what limits Fmax'",
         "logic_depth": {"note": DEPTH_NOTE, "blocks": depth_rows} if depth_rows else None,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(record, indent=2) + "\n")
-    print(f"\nwrote {args.out}")
+    write_record(args.out, args.rev or git_rev(), record)
     return 0
+
+
+def write_record(out: Path, rev: str, fields: dict) -> None:
+    """The JSON record: what ran, where and when, then the mode's own ``fields``."""
+    record = {
+        "bench": "boards_fmax",
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "git": rev,
+        "machine": {"node": platform.node(), "cpus": os.cpu_count(),
+                    "python": platform.python_version(), "system": platform.platform()},
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        **fields,
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(record, indent=2) + "\n")
+    print(f"\nwrote {out}")
 
 
 if __name__ == "__main__":
