@@ -75,14 +75,21 @@ def _ring_rs(ranks: list[int], me: int, block: int, base_step: int, scratch: Buf
     return prog
 
 
-def _ring_ag(ranks: list[int], me: int, block: int, base_step: int, pieces: int = 1) -> list:
+def _ring_ag_grants(ranks: list[int], me: int, base_step: int, pieces: int = 1) -> list:
+    n, i = len(ranks), ranks.index(me)
+    return [_grant(ranks[(i - 1) % n], base_step + k) for k in range((n - 1) * pieces)]
+
+
+def _ring_ag(ranks: list[int], me: int, block: int, base_step: int, pieces: int = 1,
+             grants: bool = True) -> list:
     """Ring allgather among ``ranks``: position i starts owning block i of OUT; blocks go
-    as ``pieces`` messages each, as in :func:`_ring_rs`."""
+    as ``pieces`` messages each, as in :func:`_ring_rs`. ``grants=False``: the caller
+    granted the landing regions already (:func:`_ring_ag_grants`)."""
     n, i = len(ranks), ranks.index(me)
     right, left = ranks[(i + 1) % n], ranks[(i - 1) % n]
     per = block // pieces
     # Granted only now: the blocks these land in were sources of earlier SENDs.
-    prog = [_grant(left, base_step + k) for k in range((n - 1) * pieces)]
+    prog = _ring_ag_grants(ranks, me, base_step, pieces) if grants else []
     for s in range(n - 1):
         for j in range(pieces):
             step = base_step + s * pieces + j
@@ -98,9 +105,18 @@ def ring_allreduce(rank: int, world: int, pieces: int = 1) -> list[Instr]:
         raise ValueError(f"pieces: at least 1, not {pieces}")
     ranks = list(range(world))
     fresh = world > 1   # a world of one only copies
-    return (_setup(world * pieces, copy=not fresh)
-            + _ring_rs(ranks, rank, pieces, 0, TMP, pieces, fresh)
-            + _ring_ag(ranks, rank, pieces, (world - 1) * pieces, pieces) + [DONE])
+    ag_base = (world - 1) * pieces
+    # The allgather's grants go out with the reduce-scatter's, at the start: the blocks
+    # the allgather lands in are this rank's RS sources, but a block can only come back
+    # around the ring after the rank it was sent to received it whole, i.e. after this
+    # rank's SEND read it (a later go-back-N re-read only makes duplicates the peer
+    # drops). Granting at the boundary instead would wait there for everything in
+    # flight, the last reduction included: about 4% of the link.
+    rs = _ring_rs(ranks, rank, pieces, 0, TMP, pieces, fresh)
+    n_rs_grants = (world - 1) * pieces   # grants are consumed in step order
+    return (_setup(world * pieces, copy=not fresh) + rs[:n_rs_grants]
+            + _ring_ag_grants(ranks, rank, ag_base, pieces) + rs[n_rs_grants:]
+            + _ring_ag(ranks, rank, pieces, ag_base, pieces, grants=False) + [DONE])
 
 
 def ring_reduce_scatter(rank: int, world: int) -> list[Instr]:
