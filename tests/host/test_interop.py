@@ -48,6 +48,7 @@ class HdlRank:
         self.bufs = {Buf.IN: x.copy(), Buf.OUT: np.zeros_like(x), Buf.TMP: np.zeros(N + 1, x.dtype)}
         self.psn, self.epsn = 500, 900
         self.seen: list = []  # every frame rank 0 sent, parsed
+        self.banked: dict[bool, list] = {}  # grant?: frames taken but not yet consumed
 
     def _send(self, opcode: Opcode, *, va: int = 0, payload: bytes = b"", imm: int | None = None,
               psn: int | None = None, aeth: int | None = None) -> None:
@@ -83,8 +84,16 @@ class HdlRank:
             return f
 
     def _expect(self, grant: bool, step: int, buf: Buf, xoff: int, n: int):
-        f = self._next()
-        assert f.bth["opcode"] == Opcode.RDMA_WRITE_ONLY_WITH_IMMEDIATE
+        """The next grant (or the next data message) from rank 0. Grants and data are two
+        in-order streams, as the sequencer's per-peer counters see them: a grant that
+        comes ahead of the data waited for (a program may grant early) is kept."""
+        banked = self.banked.setdefault(grant, [])
+        while not banked:
+            f = self._next()
+            assert f.bth["opcode"] == Opcode.RDMA_WRITE_ONLY_WITH_IMMEDIATE
+            is_grant = bool(COLLECTIVE_IMM.from_int(f.immdt["imm"])["grant"])
+            self.banked.setdefault(is_grant, []).append(f)
+        f = banked.pop(0)
         imm = COLLECTIVE_IMM.from_int(f.immdt["imm"])
         assert imm == {"coll_id": 7, "grant": int(grant), "step": step}, imm
         assert f.reth["rkey"] == HW_KEY
