@@ -36,7 +36,7 @@ from fpgaccl.proto.opcodes import ROCEV2_UDP_PORT, SUPPORTED_OPCODES, Opcode
 
 from . import wire
 from .csr_plan import QPN_BASE
-from .qp import _MIDDLE, _WRITES, Arrival, Completion, MemoryRegion, Message, QueuePair
+from .qp import _MIDDLE, _WRITES, Arrival, Completion, MemoryRegion, Message, QueuePair, RowPool
 
 Program = Generator[Any, None, None]
 """A collective schedule: yields Completions (or iterables of them) to wait on."""
@@ -154,6 +154,7 @@ class Engine:
         self._rxarr = np.frombuffer(self._rxbuf, np.uint8)
         self._thread: threading.Thread | None = None
         self._ips: dict[str, int] = {}
+        self.row_pool = RowPool()
 
     # ------------------------------------------------------------------ set-up
     def create_qp(self, peer: int) -> QueuePair:

@@ -53,6 +53,7 @@ space only.
 
 from __future__ import annotations
 
+import threading
 from collections import deque
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass
@@ -143,6 +144,9 @@ def reduce_into(dtype: DType, op: ReduceOp, a: np.ndarray, b: np.ndarray,
     if op in BITWISE_OPS:
         raise ValueError(f"{op.name.lower()} is not defined for {dtype.name.lower()}")
     if op is ReduceOp.SUM or op is ReduceOp.PROD:
+        if out.dtype.kind == "f" and out.size > _BLOCK_BYTES // out.itemsize:
+            _reduce_blocks(dtype, _UFUNC[op], a, b, out)
+            return
         if out.dtype.kind == "f" and not _has_nan(a) and not _has_nan(b):
             # NaN-free inputs (the usual case): straight into ``out``, no temporaries. A
             # NaN can then only come from inf - inf or 0 * inf, and the reference makes
@@ -162,6 +166,33 @@ def reduce_into(dtype: DType, op: ReduceOp, a: np.ndarray, b: np.ndarray,
         out[...] = r
         return
     out[...] = reduce_reference(dtype, op, a, b)
+
+
+_BLOCK_BYTES = 128 << 10
+_scratch = threading.local()
+
+
+def _reduce_blocks(dtype: DType, ufunc: np.ufunc, a: np.ndarray, b: np.ndarray,
+                   out: np.ndarray) -> None:
+    """Float sum/prod of long vectors a cache-sized block at a time: each block is
+    computed into a scratch block, checked for NaN there while it is still in cache, and
+    copied to ``out`` (which may alias ``a`` or ``b``, so the inputs of a block with a
+    NaN are still intact for the reference's NaN rule). Three passes over memory instead
+    of the six that checking ``a``, ``b`` and ``out`` whole takes."""
+    step = _BLOCK_BYTES // out.itemsize
+    tmp = getattr(_scratch, out.dtype.str, None)
+    if tmp is None:
+        tmp = np.empty(step, out.dtype)
+        setattr(_scratch, out.dtype.str, tmp)
+    minimum, isnan = np.minimum.reduce, np.isnan
+    with np.errstate(all="ignore"):
+        for lo in range(0, out.size, step):
+            hi = min(lo + step, out.size)
+            r = tmp[:hi - lo]
+            ufunc(a[lo:hi], b[lo:hi], out=r)
+            if isnan(minimum(r, axis=None)):
+                r = nan_fixup(dtype, a[lo:hi], b[lo:hi], r.copy())
+            out[lo:hi] = r
 
 
 def _has_nan(x: np.ndarray) -> bool:
@@ -284,7 +315,7 @@ def execute(engine: Engine, region: CollectiveRegion, remotes: dict[int, RemoteB
             if nbytes > 2 * mtu:
                 # The snapshot, staged as the datagrams of its MIDDLE packets.
                 msg = Message.staged(bufs[ins.src][first:last], mtu, imm, va=va,
-                                     rkey=remote.rkey)
+                                     rkey=remote.rkey, pool=engine.row_pool)
             else:
                 msg = Message(memoryview(bufs[ins.src][first:last].tobytes()), imm, None,
                               va=va, rkey=remote.rkey)  # the snapshot
