@@ -11,8 +11,10 @@ another in submission order, which every rank shares, like a hardware command qu
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import ipaddress
+import os
 import select
 import socket
 import struct
@@ -34,7 +36,7 @@ from fpgaccl.errors import (
 from fpgaccl.proto.drops import DropReason
 from fpgaccl.proto.opcodes import ROCEV2_UDP_PORT, SUPPORTED_OPCODES, Opcode
 
-from . import wire
+from . import native, wire
 from .csr_plan import QPN_BASE
 from .qp import _MIDDLE, _WRITES, Arrival, Completion, MemoryRegion, Message, QueuePair, RowPool
 
@@ -52,6 +54,7 @@ UDP_SEGMENT = 103
 UDP_GRO = 104
 GSO_MAX_SEGMENTS = 64
 GSO_MAX_BYTES = 65507  # one UDP payload: 65535 - IPv4 - UDP headers
+_RX_SLOTS = 32  # datagrams (or GRO runs) per recvmmsg with the C path: 2 MiB of buffer
 _GSO_SIZE = struct.Struct("=H")
 _GRO_SIZE = struct.Struct("=i")
 _GRO_CMSG_SPACE = socket.CMSG_SPACE(_GRO_SIZE.size)
@@ -101,7 +104,7 @@ class Engine:
     def __init__(self, rank: int, bind_ip: str, *, port: int = ROCEV2_UDP_PORT, mtu: int = 4096,
                  slot_bytes: int = 256 * 1024, slots: int = 8, window_bytes: int = 512 * 1024,
                  rto_s: float = 0.05, link: Callable | None = None,
-                 tap: Callable | None = None) -> None:
+                 tap: Callable | None = None, native_path: bool = True) -> None:
         if mtu not in VALID_MTUS:
             raise InvalidArgumentError("mtu", f"{mtu} is not one of {VALID_MTUS}")
         self.rank = rank
@@ -149,9 +152,17 @@ class Engine:
         self._jobs: deque[Job] = deque()
         self._stop = False
         self.failed: BaseException | None = None
-        self._rxbuf = bytearray(65536)
-        self._rxview = memoryview(self._rxbuf)
-        self._rxarr = np.frombuffer(self._rxbuf, np.uint8)
+        # The C loops (host/fastpath.c), unless turned off or unavailable. A tap or a link
+        # shim sees datagrams one by one, so they keep the Python send path.
+        self.fastpath = native.load() if native_path else None
+        self._native_tx = self.fastpath is not None and tap is None and link is None
+        self._sockaddrs: dict[tuple[str, int], native.SockaddrIn] = {}
+        slots = _RX_SLOTS if self.fastpath is not None else 1
+        self._rxarr = np.empty(slots * native.SLOT_BYTES, np.uint8)
+        self._rxview = memoryview(self._rxarr)
+        self._rxaddr = int(self._rxarr.ctypes.data)
+        self._rxmeta = np.zeros((4, slots), np.uint32)  # lens, segs, addrs, ports
+        self._rxmeta_addr = [int(self._rxmeta[i].ctypes.data) for i in range(4)]
         self._thread: threading.Thread | None = None
         self._ips: dict[str, int] = {}
         self.row_pool = RowPool()
@@ -286,6 +297,9 @@ class Engine:
     def transmit_rows(self, flat: memoryview, k: int, seg: int, addr: tuple[str, int]) -> None:
         """Send ``k`` datagrams of ``seg`` bytes lying back to back in ``flat``: with GSO,
         as many per system call as one UDP datagram can carry, as one buffer."""
+        if self._native_tx and not flat.readonly:
+            self._send_native(ctypes.addressof(ctypes.c_char.from_buffer(flat)), k, seg, addr)
+            return
         if not self.gso or self._tap is not None:
             for b in range(0, k * seg, seg):
                 self.transmit((flat[b:b + seg],), addr)
@@ -320,6 +334,37 @@ class Engine:
                         f"to {addr[0]} (DF is set, as RoCEv2 requires): choose a smaller mtu"
                     ) from None
                 raise
+
+    def _send_native(self, ptr: int, k: int, seg: int, addr: tuple[str, int]) -> None:
+        """:meth:`transmit_rows` through ``fp_send_rows``: up to 64 GSO runs (or plain
+        datagrams) per sendmmsg, with :meth:`_sendmsg`'s handling of a full socket
+        buffer, a gone peer and a path that cannot segment."""
+        sa = self._sockaddrs.get(addr)
+        if sa is None:
+            sa = self._sockaddrs[addr] = native.sockaddr(addr)
+        send, fd, ref = self.fastpath.send_rows, self.sock.fileno(), ctypes.byref(sa)
+        done = 0
+        for _ in range(1000):
+            per = max(1, min(GSO_MAX_SEGMENTS, GSO_MAX_BYTES // seg)) if self.gso else 1
+            r = send(fd, ptr + done * seg, k - done, seg, per, ref)
+            if r < 0:
+                err = -r
+                if err in (errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH):
+                    return  # the peer is gone; its timeout will surface
+                if per > 1 and err in (errno.EIO, errno.EINVAL, errno.EOPNOTSUPP,
+                                       errno.EMSGSIZE):
+                    self.gso = False  # this path cannot segment: one datagram per message
+                    continue
+                if err == errno.EMSGSIZE:
+                    raise TransportError(
+                        f"a {seg}-byte datagram does not fit the link to {addr[0]} (DF is "
+                        "set, as RoCEv2 requires): choose a smaller mtu")
+                raise OSError(err, os.strerror(err))
+            done += r
+            self.stats["tx_packets"] += r
+            if done >= k:
+                return
+            select.select([], [self.sock], [], 0.01)
 
     def _sendmsg_each(self, parts: list | tuple, addr: tuple[str, int], seg: int) -> None:
         data = b"".join(parts)
@@ -383,6 +428,8 @@ class Engine:
         return max(1, int(wait * 1000))
 
     def _receive(self) -> bool:
+        if self.fastpath is not None:
+            return self._receive_native()
         sock = self.sock
         buf = self._rxview
         got = False
@@ -407,40 +454,104 @@ class Engine:
             for level, kind, data in anc:
                 if level == SOL_UDP and kind == UDP_GRO:
                     seg = _GRO_SIZE.unpack(data[:_GRO_SIZE.size])[0]
+            src = self._ips.get(src_ip)
+            if src is None:
+                src = self._ips[src_ip] = wire.ip_to_int(src_ip)
             if seg >= n:
-                self._packet(buf[:n], n, src_ip, sport, now)
+                self._packet(buf[:n], n, src, sport, now)
                 continue
             k = n // seg
-            start = self._middle_run(seg, k, src_ip, sport) * seg if k > 1 else 0
+            start = 0
+            if k > 1:
+                start = self._middle_run(self._rxarr[:k * seg], seg, k, src, sport) * seg
             for off in range(start, n, seg):
                 m = min(seg, n - off)
-                self._packet(buf[off:off + m], m, src_ip, sport, now)
+                self._packet(buf[off:off + m], m, src, sport, now)
         return got
 
-    def _middle_run(self, seg: int, k: int, src_ip: str, sport: int) -> int:
+    def _receive_native(self) -> bool:
+        """:meth:`_receive` through ``fp_recv_batch``: up to ``_RX_SLOTS`` datagrams (or
+        GRO runs) per recvmmsg, each then checked and dispatched as :meth:`_receive`
+        does."""
+        lens_a, segs_a, addrs_a, ports_a = self._rxmeta_addr
+        while True:
+            r = self.fastpath.recv_batch(self.sock.fileno(), self._rxaddr, native.SLOT_BYTES,
+                                         _RX_SLOTS, lens_a, segs_a, addrs_a, ports_a)
+            if r != -errno.ECONNREFUSED:  # an ICMP error queued on the socket: read on
+                break
+        if r < 0:
+            raise OSError(-r, os.strerror(-r))
+        if r == 0:
+            return False
+        now = time.monotonic()
+        lens, segs, addrs, ports = (m[:r].tolist() for m in self._rxmeta)
+        view = self._rxview
+        j = 0
+        while j < r:
+            base, n, seg, sport = j * native.SLOT_BYTES, lens[j], segs[j], ports[j]
+            src = socket.ntohl(addrs[j])
+            start = 0
+            if seg < n and n >= 2 * seg:
+                # The steady state: run after run of one WRITE's MIDDLEs, all taken by
+                # one C call; ``part`` datagrams of the run after the whole ones too.
+                whole, part = self._middle_runs(j, r, seg, src, sport)
+                if whole:
+                    j += whole
+                    if not part:
+                        continue
+                    base, n, seg, sport = j * native.SLOT_BYTES, lens[j], segs[j], ports[j]
+                    src = socket.ntohl(addrs[j])
+                start = part * seg
+            for off in range(start, n, seg):
+                m = min(seg, n - off)
+                self._packet(view[base + off:base + off + m], m, src, sport, now)
+            j += 1
+        return True
+
+    def _middle_runs(self, j: int, r: int, seg: int, src: int, sport: int) -> tuple[int, int]:
+        """:meth:`_middle_run` for the received runs j, j + 1, ... of a batch at once
+        (``fp_take_runs``): how many runs were taken whole, and how many datagrams of
+        the run after them."""
+        base = j * native.SLOT_BYTES
+        run = self._rxarr[base:base + 12]
+        if seg <= wire.BTH_LEN + wire.ICRC_LEN or run[0] != _MIDDLE or run[1]:
+            return 0, 0
+        _, _, _, dqpn, _ = wire.BTH_FMT.unpack_from(run)
+        qp = self.qps.get(dqpn & 0xFFFFFF)
+        if qp is None:
+            return 0, 0
+        seed = wire.icrc_seed(src, qp.src_ip, sport, self.addr[1], 8 + seg)
+        taken, whole = qp.on_middle_runs(self._rxaddr, j, r, self._rxmeta_addr, seg, dqpn,
+                                         seed)
+        self.stats["rx_packets"] += taken
+        self.stats["rx_coalesced"] += taken
+        if not taken:
+            return 0, 0
+        done = sum(self._rxmeta[0, j:j + whole].tolist()) // seg
+        return whole, taken - done
+
+    def _middle_run(self, run: np.ndarray, seg: int, k: int, src: int, sport: int,
+                    addr: int = 0) -> int:
         """Take the leading datagrams of ``k`` coalesced ones of ``seg`` bytes at once as
         far as they are the next in-order RDMA WRITE MIDDLE packets of one QP with good
         ICRCs (the steady state of a large transfer); returns how many it took. The rest,
         whatever they are, go to :meth:`_packet` one by one, with every check and drop
         counter."""
-        buf = self._rxbuf
-        if seg <= wire.BTH_LEN + wire.ICRC_LEN or buf[0] != _MIDDLE or buf[1]:
+        if seg <= wire.BTH_LEN + wire.ICRC_LEN or run[0] != _MIDDLE or run[1]:
             return 0  # not a MIDDLE, or a pad / header version / SE / MigReq bit
-        _, _, _, dqpn, _ = wire.BTH_FMT.unpack_from(buf)
+        _, _, _, dqpn, _ = wire.BTH_FMT.unpack_from(run)
         qp = self.qps.get(dqpn & 0xFFFFFF)
         if qp is None:
             return 0
-        src = self._ips.get(src_ip)
-        if src is None:
-            src = self._ips[src_ip] = wire.ip_to_int(src_ip)
         seed = wire.icrc_seed(src, qp.src_ip, sport, self.addr[1], 8 + seg)
-        took = qp.on_middle_run(buf, self._rxarr[:k * seg].reshape(k, seg), seed)
+        took = qp.on_middle_run(run.reshape(k, seg), seed, addr)
         self.stats["rx_packets"] += took
         self.stats["rx_coalesced"] += took
         return took
 
-    def _packet(self, buf: memoryview, n: int, src_ip: str, sport: int, now: float) -> None:
-        """Check and dispatch one datagram (``buf`` holds exactly its ``n`` bytes)."""
+    def _packet(self, buf: memoryview, n: int, src: int, sport: int, now: float) -> None:
+        """Check and dispatch one datagram (``buf`` holds exactly its ``n`` bytes) from
+        IPv4 address ``src`` (an int), UDP port ``sport``."""
         self.stats["rx_packets"] += 1
         if n < wire.BTH_LEN + wire.ICRC_LEN:
             self.drops[DropReason.TRUNCATED] += 1
@@ -460,9 +571,6 @@ class Engine:
         ackreq = w2 >> 31
         # The ICRC covers the sender's real IP and UDP source port: an HDL node sends
         # from udp_sport + qp (0xC000 + qp), a software engine from its bound port.
-        src = self._ips.get(src_ip)
-        if src is None:
-            src = self._ips[src_ip] = wire.ip_to_int(src_ip)
         seed = wire.icrc_seed(src, qp.src_ip, sport, self.addr[1], 8 + n)
         want = wire.datagram_icrc(seed, wire.bth_masked(opcode, (b1 >> 4) & 3, dqpn & 0xFFFFFF,
                                                         bool(ackreq), psn),

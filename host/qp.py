@@ -23,6 +23,7 @@ immediate data reads:
 
 from __future__ import annotations
 
+import ctypes
 import struct
 from collections import deque
 from dataclasses import dataclass, field
@@ -45,7 +46,7 @@ from fpgaccl.proto.opcodes import (
     split_syndrome,
 )
 
-from . import wire
+from . import native, wire
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -260,6 +261,11 @@ class QueuePair:
         self.grants: deque[tuple[int, int]] = deque()
         self.landed: deque[tuple[int, int]] = deque()
         self.local_port = engine.addr[1]  # our UDP source port, part of the ICRC
+        self.fastpath = getattr(engine, "fastpath", None)  # the C loops, if the engine has them
+        self._ackreq = ctypes.c_uint32()
+        self._ackreq_ref = ctypes.byref(self._ackreq)
+        self._whole = ctypes.c_uint32()
+        self._whole_ref = ctypes.byref(self._whole)
 
     def connect(self, *, remote_qpn: int, addr: tuple[str, int], local_ip: str, send_psn: int,
                 recv_psn: int, remote_va: int, remote_rkey: int) -> None:
@@ -429,8 +435,30 @@ class QueuePair:
         dqpn = self.remote_qpn
         seed = wire.icrc_seed(self.src_ip, self.dst_ip, self.local_port, self.addr[1], 8 + seg)
         state = wire.crc32(wire.bth_masked(_MIDDLE, 0, dqpn, False, 0)[:8], seed)
-        run[:, 0:8] = np.frombuffer(wire.BTH_FMT.pack(_MIDDLE, 0, wire.PKEY, dqpn, 0)[:8],
-                                    np.uint8)
+        head = wire.BTH_FMT.pack(_MIDDLE, 0, wire.PKEY, dqpn, 0)[:8]
+        fp = self.fastpath
+        if fp is not None:
+            self.since_ackreq = fp.seal_rows(run.ctypes.data, k, seg, head, psn, wire.PSN_MASK,
+                                             wire.ACKREQ, since, half, state, fp.crc)
+        else:
+            self._seal_rows(run, head, psn, since, half, state)
+            self.since_ackreq = (since + k) % half
+        flat = memoryview(run).cast("B")
+        if not self.outstanding:
+            self.last_progress = now
+        self.outstanding.append((psn, flat if k > 1 else (flat,), None, k))
+        self.inflight += k
+        self.next_psn = (psn + k) & wire.PSN_MASK
+        self.cur_off += k * mtu
+        self._send_rows(flat, k, seg)
+
+    @staticmethod
+    def _seal_rows(run: np.ndarray, head: bytes, psn: int, since: int, half: int,
+                   state: int) -> None:
+        """The Python path of :meth:`_middle_rows`' sealing (``fp_seal_rows`` in C): BTH
+        bytes, PSN words with their AckReq bits, and ICRCs, written into the rows."""
+        k, seg = run.shape
+        run[:, 0:8] = np.frombuffer(head, np.uint8)
         # Packet i is the (since + i + 1)-th since the last AckReq: every half window asks.
         idx = np.arange(k, dtype=np.uint32)
         w2 = (idx + np.uint32(psn)) & np.uint32(wire.PSN_MASK)
@@ -445,14 +473,6 @@ class QueuePair:
         # masked first 8 BTH bytes.
         crcs = [crc32(flat[b:b + tail - 8], state) for b in range(8, k * seg, seg)]
         run[:, tail:] = np.array(crcs, np.uint32).astype(_LE32).view(np.uint8).reshape(k, 4)
-        if not self.outstanding:
-            self.last_progress = now
-        self.outstanding.append((psn, flat if k > 1 else (flat,), None, k))
-        self.inflight += k
-        self.next_psn = (psn + k) & wire.PSN_MASK
-        self.since_ackreq = (since + k) % half
-        self.cur_off += k * mtu
-        self._send_rows(flat, k, seg)
 
     def _send_rows(self, flat: memoryview, k: int, seg: int) -> None:
         send = getattr(self.engine, "transmit_rows", None)
@@ -618,14 +638,14 @@ class QueuePair:
                     eng.arrivals_dirty = True
             self.w_off = -1
 
-    def on_middle_run(self, buf: bytearray, rows: np.ndarray, seed: int) -> int:
-        """``rows``: k coalesced datagrams of equal size (one per row; ``buf`` holds their
-        bytes from the first on), the first an RDMA WRITE MIDDLE to this QP. Take the
-        leading ones that are MIDDLEs with the first one's BTH flags, P_Key and QPN, are
-        the next PSNs of the WRITE in progress, fit it and carry a good ICRC: write their
-        payloads with one copy, with the effect of :meth:`on_write` on each in turn, and
-        return how many were taken. The first that fails any check, and all after it,
-        are left to :meth:`on_write`."""
+    def on_middle_run(self, rows: np.ndarray, seed: int, addr: int = 0) -> int:
+        """``rows``: k coalesced datagrams of equal size (one per row, contiguous), the
+        first an RDMA WRITE MIDDLE to this QP; ``addr``: their address, for the C path
+        (0: Python). Take the leading ones that are MIDDLEs with the first one's BTH
+        flags, P_Key and QPN, are the next PSNs of the WRITE in progress, fit it and carry
+        a good ICRC: write their payloads, with the effect of :meth:`on_write` on each in
+        turn, and return how many were taken. The first that fails any check, and all
+        after it, are left to :meth:`on_write`: nothing of theirs is written here."""
         if self.w_off < 0 or wire.MASK_W2:
             return 0
         k, seg = rows.shape
@@ -633,17 +653,65 @@ class QueuePair:
         k = min(k, (self.w_len - self.w_done) // pay)
         if k <= 0:
             return 0
-        _, _, _, dqpn, _ = wire.BTH_FMT.unpack_from(buf)
+        _, _, _, dqpn, _ = wire.BTH_FMT.unpack_from(rows)
         # CRC state after the masked first 8 BTH bytes; the PSN word is covered unmasked
         # and lies right before the payload, so one CRC call per packet covers both.
         state = wire.crc32(wire.bth_masked(_MIDDLE, 0, dqpn & 0xFFFFFF, False, 0)[:8], seed)
-        view = memoryview(buf)
+        start = self.w_off + self.w_done
+        fp = self.fastpath
+        if addr and fp is not None and start + k * pay <= self.w_mr.buf.size:
+            m = fp.take_middles(addr, k, seg, wire.BTH_LEN, self.epsn, wire.PSN_MASK,
+                                wire.ACKREQ, state, fp.crc, self.w_mr.va + start,
+                                self._ackreq_ref)
+            ackreq = self._ackreq.value
+        else:
+            m, ackreq = self._take_middles(rows[:k], state, start, pay)
+        if not m:
+            return 0
+        self.w_done += m * pay
+        self.epsn = (self.epsn + m) & wire.PSN_MASK
+        self.nak_sent = False
+        if ackreq & wire.ACKREQ:
+            self.ack_pending = True
+        return m
+
+    def on_middle_runs(self, buf: int, j: int, r: int, meta: list[int], seg: int, dqpn: int,
+                       seed: int) -> tuple[int, int]:
+        """:meth:`on_middle_run` over the received runs j, j + 1, ... of the engine's
+        receive batch at ``buf`` (``fp_take_runs``; ``meta``: the batch's lens, segs,
+        addrs, ports arrays). Returns (datagrams taken, runs taken whole)."""
+        fp = self.fastpath
+        if self.w_off < 0 or wire.MASK_W2 or fp is None:
+            return 0, 0
+        pay = seg - wire.BTH_LEN - wire.ICRC_LEN
+        start = self.w_off + self.w_done
+        room = min((self.w_len - self.w_done) // pay, (self.w_mr.buf.size - start) // pay)
+        if room <= 0:
+            return 0, 0
+        state = wire.crc32(wire.bth_masked(_MIDDLE, 0, dqpn & 0xFFFFFF, False, 0)[:8], seed)
+        taken = fp.take_runs(buf, native.SLOT_BYTES, j, r, *meta, seg, wire.BTH_LEN,
+                             self.epsn, wire.PSN_MASK, wire.ACKREQ, state, fp.crc,
+                             self.w_mr.va + start, room, self._ackreq_ref, self._whole_ref)
+        if taken:
+            self.w_done += taken * pay
+            self.epsn = (self.epsn + taken) & wire.PSN_MASK
+            self.nak_sent = False
+            if self._ackreq.value & wire.ACKREQ:
+                self.ack_pending = True
+        return taken, self._whole.value
+
+    def _take_middles(self, rows: np.ndarray, state: int, start: int,
+                      pay: int) -> tuple[int, int]:
+        """The Python path of :meth:`on_middle_run` (``fp_take_middles`` in C): checks,
+        the payload copy, and (taken, OR of the AckReq bits)."""
+        k, seg = rows.shape
+        view = memoryview(rows).cast("B")
         crc32 = wire.crc32
         covered = seg - wire.ICRC_LEN - 8
         crcs = [crc32(view[b:b + covered], state) for b in range(8, k * seg, seg)]
         bth_run, icrc_run = _run_formats(k, seg)
-        hdr = bth_run.unpack_from(buf)  # per packet: BTH bytes 0..7 as one word, PSN word
-        icrcs = icrc_run.unpack_from(buf)
+        hdr = bth_run.unpack_from(view)  # per packet: BTH bytes 0..7 as one word, PSN word
+        icrcs = icrc_run.unpack_from(view)
         heads, words = hdr[0::2], hdr[1::2]
         psn = self.epsn
         if psn + k <= wire.PSN_MASK + 1:
@@ -661,18 +729,10 @@ class QueuePair:
             while m < k and crcs[m] == icrcs[m] and got[m] == want[m] and heads[m] == heads[0]:
                 ackreq |= words[m]
                 m += 1
-        psn = (psn + m) & wire.PSN_MASK
-        if not m:
-            return 0
-        start = self.w_off + self.w_done
-        self.w_mr.buf[start:start + m * pay].reshape(m, pay)[...] = \
-            rows[:m, wire.BTH_LEN:wire.BTH_LEN + pay]
-        self.w_done += m * pay
-        self.epsn = psn
-        self.nak_sent = False
-        if ackreq & wire.ACKREQ:
-            self.ack_pending = True
-        return m
+        if m:
+            self.w_mr.buf[start:start + m * pay].reshape(m, pay)[...] = \
+                rows[:m, wire.BTH_LEN:wire.BTH_LEN + pay]
+        return m, ackreq
 
     def _access_error(self, reason: DropReason, psn: int) -> None:
         # Nothing was written; the requester learns of it from the NAK and fails its

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from fpgaccl.errors import RemoteAccessError
-from fpgaccl.host import wire
+from fpgaccl.host import native, wire
 from fpgaccl.host.engine import Engine
 from fpgaccl.host.layers import dissect
 from fpgaccl.host.pcap import frame
@@ -21,9 +21,9 @@ from fpgaccl.proto.opcodes import AethKind, NakCode, Opcode, split_syndrome
 from ._world import all_ok, run_world
 
 
-def _pair(port_base: str = "127.77.1") -> tuple[Engine, socket.socket]:
+def _pair(port_base: str = "127.77.1", native_path: bool = True) -> tuple[Engine, socket.socket]:
     """An engine plus a raw UDP socket that plays its peer by hand."""
-    eng = Engine(0, f"{port_base}.1")
+    eng = Engine(0, f"{port_base}.1", native_path=native_path)
     qp = eng.create_qp(1)
     peer = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     peer.bind((f"{port_base}.2", wire.ROCEV2_UDP_PORT))
@@ -263,15 +263,20 @@ def _scenario(name: str, eng: Engine, peer: socket.socket, data: bytes) -> list[
 
 @pytest.mark.parametrize("name", ["clean", "duplicate", "gap", "bad_icrc", "foreign_qpn",
                                   "overflow", "all_stale"])
-def test_coalesced_receive_equals_packet_by_packet(name: str) -> None:
-    """The engine's fast path for a GRO-coalesced run of MIDDLE packets must leave exactly
-    the state that handling each datagram on its own leaves: memory, PSNs, drop counters."""
+@pytest.mark.parametrize("native_path", [True, False], ids=["c-loops", "python"])
+def test_coalesced_receive_equals_packet_by_packet(name: str, native_path: bool) -> None:
+    """The engine's fast path for a GRO-coalesced run of MIDDLE packets (the C loop or its
+    Python twin) must leave exactly the state that handling each datagram on its own
+    (in Python) leaves: memory, PSNs, drop counters."""
+    if native_path and native.load() is None:
+        pytest.skip(f"no C fast path: {native.reason}")
     data = np.random.default_rng(3).integers(0, 256, 24 * _SEG, np.uint8).tobytes()
     engines = []
     try:
         for coalesce, base in ((True, "127.77.9"), (False, "127.77.10")):
-            eng, peer = _pair(base)
+            eng, peer = _pair(base, native_path=native_path and coalesce)
             engines.append((eng, peer))
+            assert (eng.fastpath is not None) == (native_path and coalesce)
             if coalesce and not eng.gro:
                 pytest.skip("this kernel has no UDP GRO on loopback")
             eng.start()
@@ -307,11 +312,16 @@ def test_coalesced_receive_equals_packet_by_packet(name: str) -> None:
             peer.close()
 
 
-def test_gso_runs_recover_from_kernel_drops() -> None:
+@pytest.mark.parametrize("native_path", [True, False], ids=["c-loops", "python"])
+def test_gso_runs_recover_from_kernel_drops(native_path: bool) -> None:
     """Two engines on loopback (GSO/GRO on) whose receiver socket holds one coalesced
     run at a time: the kernel drops the rest, so go-back-N must resend whole runs, the
-    responder NAKs gaps and the coalesced path resumes; the bytes must arrive exact."""
-    a, b = Engine(0, "127.77.11.1"), Engine(1, "127.77.11.2")
+    responder NAKs gaps and the coalesced path resumes; the bytes must arrive exact.
+    With the C loops, a full socket buffer also cuts sendmmsg batches short."""
+    if native_path and native.load() is None:
+        pytest.skip(f"no C fast path: {native.reason}")
+    a = Engine(0, "127.77.11.1", native_path=native_path)
+    b = Engine(1, "127.77.11.2", native_path=native_path)
     try:
         qa, qb = a.create_qp(1), b.create_qp(0)
         qa.connect(remote_qpn=qb.qpn, addr=b.addr, local_ip=a.addr[0], send_psn=5,
@@ -349,9 +359,10 @@ def test_gso_runs_recover_from_kernel_drops() -> None:
 class _Recorder:
     """The engine calls a QueuePair makes, recording every datagram as bytes."""
 
-    def __init__(self, mtu: int, window: int, rows: bool) -> None:
+    def __init__(self, mtu: int, window: int, rows: bool, native_path: bool = False) -> None:
         from collections import Counter
         self.mtu, self.window = mtu, window
+        self.fastpath = native.load() if native_path else None  # seals rows in C
         self.stats: Counter[str] = Counter()
         self.addr = ("127.0.0.1", wire.ROCEV2_UDP_PORT)
         self.out: list[bytes] = []
@@ -375,11 +386,12 @@ class _Recorder:
             self.out.append(bytes(flat[b:b + seg]))
 
 
-def _sent(staged: bool, rows: bool, data: np.ndarray, mtu: int, psn0: int) -> list[bytes]:
+def _sent(staged: bool, rows: bool, data: np.ndarray, mtu: int, psn0: int,
+          native_path: bool = False) -> list[bytes]:
     """Every datagram a QP sends for ``data`` as one direct WRITE, acknowledged in uneven
     steps (ACKs that end inside a run), with a go-back-N and a timer probe on the way."""
     from fpgaccl.host.qp import MemoryRegion, Message, QueuePair
-    eng = _Recorder(mtu, 16, rows)
+    eng = _Recorder(mtu, 16, rows, native_path)
     ring = MemoryRegion(1, np.zeros(mtu, np.uint8), 0x100)
     qp = QueuePair(eng, 1, 0x100, slot_bytes=mtu, slots=1, ring=ring)
     qp.connect(remote_qpn=0x4242, addr=("127.0.0.2", wire.ROCEV2_UDP_PORT),
@@ -406,14 +418,19 @@ def _sent(staged: bool, rows: bool, data: np.ndarray, mtu: int, psn0: int) -> li
 
 @pytest.mark.parametrize("nbytes", [3 * 256 + 4, 40 * 256, 40 * 256 + 100])
 @pytest.mark.parametrize("rows", [True, False], ids=["rows", "one-by-one"])
-def test_staged_message_sends_the_same_datagrams(nbytes: int, rows: bool) -> None:
-    # A staged snapshot (MIDDLEs written in place as rows, runs outstanding as one entry)
-    # must put on the wire exactly what the per-packet path does: same PSNs (across the
-    # 24-bit wrap), AckReq bits, ICRCs and retransmissions, whether the engine takes
-    # whole runs of rows or (a test double) one datagram at a time.
+@pytest.mark.parametrize("native_path", [True, False], ids=["c-seal", "python-seal"])
+def test_staged_message_sends_the_same_datagrams(nbytes: int, rows: bool,
+                                                 native_path: bool) -> None:
+    # A staged snapshot (MIDDLEs written in place as rows, runs outstanding as one entry,
+    # sealed by the C loop or its Python twin) must put on the wire exactly what the
+    # per-packet path does: same PSNs (across the 24-bit wrap), AckReq bits, ICRCs and
+    # retransmissions, whether the engine takes whole runs of rows or (a test double)
+    # one datagram at a time.
+    if native_path and native.load() is None:
+        pytest.skip(f"no C fast path: {native.reason}")
     data = np.random.default_rng(nbytes).integers(0, 256, nbytes, dtype=np.uint8)
     want = _sent(False, rows, data, 256, (1 << 24) - 13)
-    got = _sent(True, rows, data, 256, (1 << 24) - 13)
+    got = _sent(True, rows, data, 256, (1 << 24) - 13, native_path)
     assert len(got) == len(want) and got == want
     # And the reference model decodes them: the first window goes out in PSN order,
     # across the wrap, and the retransmissions repeat acknowledged-from-there packets.

@@ -1,0 +1,247 @@
+/* fpgaccl software engine: the per-packet loops of the RoCEv2 data path in C.
+ *
+ * Python keeps every protocol decision (which packets, which PSNs, what a failed check
+ * means); these functions only run the loops that Python would run per packet: seal a
+ * run of staged datagram rows (BTH, PSN word, ICRC), check a run of received WRITE
+ * MIDDLE datagrams and copy their payloads, and move many datagrams per system call
+ * (sendmmsg of UDP_SEGMENT runs, recvmmsg of UDP_GRO runs). Header offsets, opcode bytes
+ * and masks arrive as arguments from fpgaccl.proto (one source of truth); the ICRC's
+ * CRC-32 is the caller's function (ISA-L's or zlib's), so there is one CRC code too.
+ *
+ * Built by fpgaccl.host.native with the system's C compiler; no Python headers needed.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <netinet/in.h>
+#include <netinet/udp.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+
+#ifndef SOL_UDP
+#define SOL_UDP 17
+#endif
+#ifndef UDP_SEGMENT
+#define UDP_SEGMENT 103
+#endif
+#ifndef UDP_GRO
+#define UDP_GRO 104
+#endif
+
+typedef uint32_t (*crc_fn)(uint32_t crc, const unsigned char *buf, uint64_t len);
+
+static inline uint32_t load_be32(const uint8_t *p) {
+    return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
+}
+
+static inline void store_be32(uint8_t *p, uint32_t v) {
+    p[0] = v >> 24; p[1] = v >> 16; p[2] = v >> 8; p[3] = v;
+}
+
+static inline uint32_t load_le32(const uint8_t *p) {
+    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
+}
+
+static inline void store_le32(uint8_t *p, uint32_t v) {
+    p[0] = v; p[1] = v >> 8; p[2] = v >> 16; p[3] = v >> 24;
+}
+
+/* Seal k rows of seg bytes (BTH | payload | ICRC) as consecutive WRITE MIDDLE packets:
+ * the first 8 BTH bytes are `head8`, the PSN word of row i is (psn0 + i) & psn_mask with
+ * `ackreq_bit` on every row whose count since the last AckReq (`since` before row 0)
+ * reaches `half`, and the ICRC (little-endian, last 4 bytes) is crc(state, row[8:seg-4])
+ * where `state` already covers the pseudo-header and the masked first 8 BTH bytes.
+ * Returns the AckReq count after the run. */
+uint32_t fp_seal_rows(uint8_t *rows, uint32_t k, uint32_t seg, const uint8_t *head8,
+                      uint32_t psn0, uint32_t psn_mask, uint32_t ackreq_bit, uint32_t since,
+                      uint32_t half, uint32_t state, crc_fn crc) {
+    for (uint32_t i = 0; i < k; i++) {
+        uint8_t *row = rows + (uint64_t)i * seg;
+        uint32_t w2 = (psn0 + i) & psn_mask;
+        if (++since >= half) {
+            w2 |= ackreq_bit;
+            since = 0;
+        }
+        memcpy(row, head8, 8);
+        store_be32(row + 8, w2);
+        store_le32(row + seg - 4, crc(state, row + 8, seg - 12));
+    }
+    return since;
+}
+
+/* Check up to k received datagrams of seg bytes lying back to back in `buf`: take the
+ * leading ones whose first 8 bytes equal `head`, whose PSN word (AckReq masked off) is
+ * (epsn + i) & psn_mask, and whose ICRC is crc(state, dgram[8:seg-4]); copy each taken
+ * one's payload (bytes [bth_len, seg - 4)) to dst + i * payload. A datagram that fails
+ * a check is not copied, and neither is any after it. Returns how many were taken;
+ * *ackreq gets the OR of their PSN words' AckReq bits. */
+static uint32_t take_run(const uint8_t *buf, uint32_t k, uint32_t seg, const uint8_t *head,
+                         uint32_t bth_len, uint32_t epsn, uint32_t psn_mask,
+                         uint32_t ackreq_bit, uint32_t state, crc_fn crc, uint8_t *dst,
+                         uint32_t *ackreq) {
+    uint32_t pay = seg - bth_len - 4, acc = 0, i;
+    for (i = 0; i < k; i++) {
+        const uint8_t *d = buf + (uint64_t)i * seg;
+        uint32_t w2 = load_be32(d + 8);
+        if (memcmp(d, head, 8) != 0 || (w2 & ~ackreq_bit) != ((epsn + i) & psn_mask))
+            break;
+        if (crc(state, d + 8, seg - 12) != load_le32(d + seg - 4))
+            break;
+        memcpy(dst + (uint64_t)i * pay, d + bth_len, pay);
+        acc |= w2;
+    }
+    *ackreq |= acc & ackreq_bit;
+    return i;
+}
+
+uint32_t fp_take_middles(const uint8_t *buf, uint32_t k, uint32_t seg, uint32_t bth_len,
+                         uint32_t epsn, uint32_t psn_mask, uint32_t ackreq_bit,
+                         uint32_t state, crc_fn crc, uint8_t *dst, uint32_t *ackreq) {
+    *ackreq = 0;
+    return take_run(buf, k, seg, buf, bth_len, epsn, psn_mask, ackreq_bit, state, crc, dst,
+                    ackreq);
+}
+
+/* fp_take_middles over the received runs j0, j0 + 1, ... of a recv batch (run j at
+ * buf + j * slot, lens/segs/addrs/ports as fp_recv_batch left them): each run must hold
+ * whole seg-byte datagrams from run j0's source, and its datagrams must pass
+ * fp_take_middles' checks against run j0's first 8 bytes, PSNs continuing from run to
+ * run; at most `room` datagrams in all. Stops at the first datagram that fails.
+ * Returns the datagrams taken; *whole gets how many runs were taken entirely (the run
+ * after them, if any, had its first (return - their datagrams) taken). */
+uint64_t fp_take_runs(const uint8_t *buf, uint32_t slot, uint32_t j0, uint32_t r,
+                      const uint32_t *lens, const uint32_t *segs, const uint32_t *addrs,
+                      const uint32_t *ports, uint32_t seg, uint32_t bth_len, uint32_t epsn,
+                      uint32_t psn_mask, uint32_t ackreq_bit, uint32_t state, crc_fn crc,
+                      uint8_t *dst, uint64_t room, uint32_t *ackreq, uint32_t *whole) {
+    const uint8_t *head = buf + (uint64_t)j0 * slot;
+    uint32_t pay = seg - bth_len - 4;
+    uint64_t taken = 0;
+    *ackreq = 0;
+    *whole = 0;
+    for (uint32_t j = j0; j < r && taken < room; j++) {
+        uint32_t n = lens[j];
+        if (n % seg || (segs[j] != seg && n != seg) || addrs[j] != addrs[j0] ||
+            ports[j] != ports[j0])
+            break;
+        uint32_t k = n / seg;
+        if (k > room - taken)
+            k = (uint32_t)(room - taken);
+        uint32_t t = take_run(buf + (uint64_t)j * slot, k, seg, head, bth_len,
+                              (epsn + (uint32_t)taken) & psn_mask, psn_mask, ackreq_bit,
+                              state, crc, dst + taken * pay, ackreq);
+        taken += t;
+        if (t < n / seg)
+            break;
+        (*whole)++;
+    }
+    return taken;
+}
+
+#define BATCH 64
+
+/* Send k datagrams of seg bytes lying back to back at `data` to `dst`, `per` datagrams
+ * per UDP_SEGMENT message (per == 1: plain datagrams), up to BATCH messages per
+ * sendmmsg. Returns the number of datagrams handed to the kernel (fewer than k when the
+ * socket buffer is full), or -errno if the first call failed otherwise. */
+int64_t fp_send_rows(int fd, const uint8_t *data, uint32_t k, uint32_t seg, uint32_t per,
+                     const struct sockaddr_in *dst) {
+    struct mmsghdr msgs[BATCH];
+    struct iovec iov[BATCH];
+    union {
+        char buf[CMSG_SPACE(sizeof(uint16_t))];
+        struct cmsghdr align;
+    } ctl[BATCH];
+    uint64_t done = 0;
+    while (done < k) {
+        uint32_t n = 0;
+        uint64_t at = done;
+        while (n < BATCH && at < k) {
+            uint32_t cnt = (k - at) < per ? (uint32_t)(k - at) : per;
+            memset(&msgs[n], 0, sizeof(msgs[n]));
+            iov[n].iov_base = (void *)(data + at * seg);
+            iov[n].iov_len = (size_t)cnt * seg;
+            msgs[n].msg_hdr.msg_name = (void *)dst;
+            msgs[n].msg_hdr.msg_namelen = sizeof(*dst);
+            msgs[n].msg_hdr.msg_iov = &iov[n];
+            msgs[n].msg_hdr.msg_iovlen = 1;
+            if (cnt > 1) {
+                struct cmsghdr *c = (struct cmsghdr *)ctl[n].buf;
+                uint16_t gso = (uint16_t)seg;
+                msgs[n].msg_hdr.msg_control = ctl[n].buf;
+                msgs[n].msg_hdr.msg_controllen = sizeof(ctl[n].buf);
+                c->cmsg_level = SOL_UDP;
+                c->cmsg_type = UDP_SEGMENT;
+                c->cmsg_len = CMSG_LEN(sizeof(uint16_t));
+                memcpy(CMSG_DATA(c), &gso, sizeof(gso));
+            }
+            at += cnt;
+            n++;
+        }
+        int r = sendmmsg(fd, msgs, n, MSG_DONTWAIT);
+        if (r < 0) {
+            if (errno == EINTR)
+                continue;
+            if (done || errno == EAGAIN || errno == EWOULDBLOCK)
+                return (int64_t)done;
+            return -(int64_t)errno;
+        }
+        for (int j = 0; j < r; j++)
+            done += iov[j].iov_len / seg;
+        if ((uint32_t)r < n)
+            return (int64_t)done;
+    }
+    return (int64_t)done;
+}
+
+/* Receive up to `nmax` datagrams (each possibly a UDP_GRO run) without blocking, the
+ * j-th into buf + j * slot. lens[j]: its bytes; segs[j]: the GRO segment size (= lens[j]
+ * when not coalesced); addrs[j]: source IPv4 address (network order) and ports[j] the
+ * source port (host order). Returns how many arrived (0: none waiting) or -errno. */
+int fp_recv_batch(int fd, uint8_t *buf, uint32_t slot, uint32_t nmax, uint32_t *lens,
+                  uint32_t *segs, uint32_t *addrs, uint32_t *ports) {
+    struct mmsghdr msgs[BATCH];
+    struct iovec iov[BATCH];
+    struct sockaddr_in from[BATCH];
+    union {
+        char buf[CMSG_SPACE(sizeof(int))];
+        struct cmsghdr align;
+    } ctl[BATCH];
+    if (nmax > BATCH)
+        nmax = BATCH;
+    for (uint32_t j = 0; j < nmax; j++) {
+        memset(&msgs[j], 0, sizeof(msgs[j]));
+        iov[j].iov_base = buf + (uint64_t)j * slot;
+        iov[j].iov_len = slot;
+        msgs[j].msg_hdr.msg_name = &from[j];
+        msgs[j].msg_hdr.msg_namelen = sizeof(from[j]);
+        msgs[j].msg_hdr.msg_iov = &iov[j];
+        msgs[j].msg_hdr.msg_iovlen = 1;
+        msgs[j].msg_hdr.msg_control = ctl[j].buf;
+        msgs[j].msg_hdr.msg_controllen = sizeof(ctl[j].buf);
+    }
+    int r;
+    do {
+        r = recvmmsg(fd, msgs, nmax, MSG_DONTWAIT, NULL);
+    } while (r < 0 && errno == EINTR);
+    if (r < 0)
+        return (errno == EAGAIN || errno == EWOULDBLOCK) ? 0 : -errno;
+    for (int j = 0; j < r; j++) {
+        uint32_t n = msgs[j].msg_len, seg = n;
+        for (struct cmsghdr *c = CMSG_FIRSTHDR(&msgs[j].msg_hdr); c;
+             c = CMSG_NXTHDR(&msgs[j].msg_hdr, c)) {
+            if (c->cmsg_level == SOL_UDP && c->cmsg_type == UDP_GRO) {
+                int s;
+                memcpy(&s, CMSG_DATA(c), sizeof(s));
+                if (s > 0 && (uint32_t)s < n)
+                    seg = (uint32_t)s;
+            }
+        }
+        lens[j] = n;
+        segs[j] = seg;
+        addrs[j] = from[j].sin_addr.s_addr;
+        ports[j] = ntohs(from[j].sin_port);
+    }
+    return r;
+}

@@ -1,0 +1,96 @@
+"""host/native.py and fastpath.c: the build, the fallback, and the batched socket calls.
+
+The C loops' packet bytes and checks are compared with their Python twins in
+test_transport.py (sealed rows, coalesced receive, GSO runs with kernel drops)."""
+
+from __future__ import annotations
+
+import ctypes
+import socket
+
+import numpy as np
+import pytest
+
+from fpgaccl.host import native
+from fpgaccl.host.engine import Engine
+
+
+@pytest.fixture
+def fresh(monkeypatch):
+    """native.load() as if first called in this process (restored afterwards)."""
+    monkeypatch.setattr(native, "_tried", False)
+    monkeypatch.setattr(native, "_lib", None)
+    monkeypatch.setattr(native, "reason", "not loaded yet")
+    return monkeypatch
+
+
+def test_builds_into_the_cache_and_loads(fresh, tmp_path) -> None:
+    fresh.setenv("FPGACCL_CACHE", str(tmp_path))
+    fp = native.load()
+    assert fp is not None, native.reason
+    assert native.reason.startswith("loaded")
+    assert [p.suffix for p in tmp_path.iterdir()] == [".so"]  # no temporary left behind
+    assert native.load() is fp  # built once per process
+
+
+def test_no_compiler_means_the_python_path(fresh, tmp_path) -> None:
+    fresh.setenv("FPGACCL_CACHE", str(tmp_path))
+    fresh.setenv("CC", "")
+    fresh.setenv("PATH", str(tmp_path))  # neither gcc nor cc
+    assert native.load() is None
+    assert "no C compiler" in native.reason
+    eng = Engine(0, "127.77.20.1")
+    try:
+        assert eng.fastpath is None and not eng._native_tx
+    finally:
+        eng.sock.close()
+
+
+def test_turned_off_by_the_environment(fresh) -> None:
+    fresh.setenv("FPGACCL_NATIVE", "0")
+    assert native.load() is None and "FPGACCL_NATIVE=0" in native.reason
+
+
+@pytest.mark.parametrize("per", [1, 7], ids=["datagrams", "gso-runs"])
+def test_send_rows_and_recv_batch_carry_every_datagram(per: int) -> None:
+    fp = native.load()
+    if fp is None:
+        pytest.skip(f"no C fast path: {native.reason}")
+    tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        tx.bind(("127.77.21.1", 0))
+        rx.bind(("127.77.21.2", 0))
+        rx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+        if per > 1:
+            try:
+                rx.setsockopt(17, 104, 1)  # UDP_GRO: runs arrive coalesced
+            except OSError:
+                pytest.skip("this kernel has no UDP GRO")
+        k, seg = 150, 1000  # more than one sendmmsg batch of 64 messages when per == 1
+        rows = np.random.default_rng(per).integers(0, 256, (k, seg), np.uint8)
+        sent = fp.send_rows(tx.fileno(), rows.ctypes.data, k, seg, per,
+                            ctypes.byref(native.sockaddr(rx.getsockname())))
+        assert sent == k
+        buf = np.zeros(native.BATCH * native.SLOT_BYTES, np.uint8)
+        meta = np.zeros((4, native.BATCH), np.uint32)
+        got = bytearray()
+        for _ in range(100):
+            r = fp.recv_batch(rx.fileno(), buf.ctypes.data, native.SLOT_BYTES, native.BATCH,
+                              *(int(m.ctypes.data) for m in meta))
+            assert r >= 0
+            for j in range(r):
+                n, s, addr, port = (int(x) for x in meta[:, j])
+                assert s == (seg if n > seg else n) and n % seg == 0
+                assert socket.inet_ntoa(addr.to_bytes(4, "little")) == "127.77.21.1"
+                assert port == tx.getsockname()[1]
+                got += buf[j * native.SLOT_BYTES:j * native.SLOT_BYTES + n].tobytes()
+            if len(got) >= k * seg:
+                break
+        assert bytes(got) == rows.tobytes()
+        # Nothing waiting: 0, not an error.
+        assert fp.recv_batch(rx.fileno(), buf.ctypes.data, native.SLOT_BYTES, 4,
+                             *(int(m.ctypes.data) for m in meta)) == 0
+    finally:
+        tx.close()
+        rx.close()
