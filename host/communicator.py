@@ -254,12 +254,14 @@ class Communicator:
 
     def _program(self, name: str, program: Sequence[Instr], *, m: int, blocks: int,
                  dt: np.dtype, op: str | None, get_in: Any, put_out: Any, result: Any,
-                 keep: list[UserBuffer], async_op: bool) -> Any:
+                 keep: list[UserBuffer], async_op: bool, out: np.ndarray | None = None) -> Any:
         """Run ``program`` over ``blocks`` blocks of ``m`` elements, in as many segments
         (program runs, one coll_id each) as the collective region needs.
 
         ``get_in(lo, hi)`` gives IN for elements ``[lo, hi)`` of every block;
-        ``put_out(out, lo, hi)`` stores the region's OUT after that segment.
+        ``put_out(out, lo, hi)`` stores the region's OUT after that segment. With
+        ``out`` (one block only: the caller's result array), OUT is ``out[lo:hi]``
+        itself, bound over the region's OUT, and nothing is copied out.
         """
         dtype = _dtype_of(dt)
         rop = _op_of(op) if op else ReduceOp.SUM
@@ -270,10 +272,12 @@ class Communicator:
             for k in range(nseg):
                 lo, hi = k * seg, min(m, (k + 1) * seg)
                 cnt = blocks * (hi - lo)
+                direct = None if out is None else out[lo:hi]
                 yield from execute(engine, region, remotes, program, rank=rank,
                                    coll_id=c0 + 1 + k, count=cnt, dtype=dtype, op=rop,
-                                   inbuf=get_in(lo, hi))
-                put_out(region.view(Buf.OUT, dt, cnt), lo, hi)
+                                   inbuf=get_in(lo, hi), outbuf=direct)
+                if direct is None:
+                    put_out(region.view(Buf.OUT, dt, cnt), lo, hi)
 
         return self._submit(name, job(), result, keep, async_op)
 
@@ -376,7 +380,7 @@ class Communicator:
 
         return self._program("allreduce", prog, m=sa.size, blocks=1, dt=sa.dtype, op=op,
                              get_in=lambda lo, hi: sa[lo:hi], put_out=put_out, result=result,
-                             keep=[s, r], async_op=async_op)
+                             keep=[s, r], async_op=async_op, out=work)
 
     def reduce(self, sendbuf: Any, recvbuf: Any = None, op: str = "sum", root: int = 0, *,
                algo: str | None = None, async_op: bool = False) -> Any:

@@ -115,6 +115,19 @@ class CollectiveRegion:
         return RemoteBuffers(tuple(int(b) for b in info["buffers"]), int(info["key"]),
                              int(info["stage_bytes"]))
 
+    def bind_out(self, out: np.ndarray | None) -> None:
+        """Let ``out`` (contiguous, writable; None: nothing) stand for the first
+        ``out.nbytes`` of OUT: WRITEs that land there go straight into it, as a memory
+        window bound over the region would take them. The peers' addresses and key stay
+        what the rendezvous gave them. The caller's result then needs no copy out of
+        the region; only one program at a time may bind."""
+        if out is None:
+            self.mr.window = None
+            return
+        lo = int(Buf.OUT) * self.stage_bytes
+        raw = out.reshape(-1).view(np.uint8)
+        self.mr.window = (lo, lo + raw.size, MemoryRegion(self.rkey, raw, ANY_QP))
+
     def view(self, buf: Buf, dtype: np.dtype, count: int | None = None) -> np.ndarray:
         lo = int(buf) * self.stage_bytes
         raw = self.mem[lo:lo + self.stage_bytes]
@@ -249,12 +262,32 @@ def _facts(program: Sequence[Instr]) -> tuple[Sequence[Instr], int, bool]:
 
 def execute(engine: Engine, region: CollectiveRegion, remotes: dict[int, RemoteBuffers],
             program: Sequence[Instr], *, rank: int, coll_id: int, count: int, dtype: DType,
-            op: ReduceOp, inbuf: np.ndarray) -> Generator[Any, None, None]:
+            op: ReduceOp, inbuf: np.ndarray,
+            outbuf: np.ndarray | None = None) -> Generator[Any, None, None]:
     """Run ``program`` on this rank (a generator for :meth:`Engine.submit`).
 
-    ``inbuf``: at least ``count`` elements of the user's input (IN); OUT/TMP/TMP2 are
-    the region's. Yields waitables while a grant or message is outstanding.
+    ``inbuf``: at least ``count`` elements of the user's input (IN); ``outbuf``: the
+    user's ``count`` result elements to serve as OUT (bound over the region's OUT while
+    the program runs: peers' WRITEs to OUT land in it), or None for the region's OUT.
+    TMP/TMP2 are the region's. Yields waitables while a grant or message is outstanding.
     """
+    if outbuf is None:
+        yield from _execute(engine, region, remotes, program, rank=rank, coll_id=coll_id,
+                            count=count, dtype=dtype, op=op, inbuf=inbuf, outbuf=None)
+        return
+    region.bind_out(outbuf)
+    try:
+        yield from _execute(engine, region, remotes, program, rank=rank, coll_id=coll_id,
+                            count=count, dtype=dtype, op=op, inbuf=inbuf, outbuf=outbuf)
+    finally:
+        # Every WRITE to OUT was RECVed before DONE, so none can still be landing.
+        region.bind_out(None)
+
+
+def _execute(engine: Engine, region: CollectiveRegion, remotes: dict[int, RemoteBuffers],
+             program: Sequence[Instr], *, rank: int, coll_id: int, count: int, dtype: DType,
+             op: ReduceOp, inbuf: np.ndarray,
+             outbuf: np.ndarray | None) -> Generator[Any, None, None]:
     nt = dtype.numpy_dtype()
     isz = nt.itemsize
     coll_id &= 0xFFFF
@@ -263,8 +296,8 @@ def execute(engine: Engine, region: CollectiveRegion, remotes: dict[int, RemoteB
         if not np.shares_memory(staged, inbuf):
             staged[...] = inbuf
         inbuf = staged
-    bufs = [inbuf, region.view(Buf.OUT, nt, count), region.view(Buf.TMP, nt),
-            region.view(Buf.TMP2, nt)]
+    bufs = [inbuf, region.view(Buf.OUT, nt, count) if outbuf is None else outbuf,
+            region.view(Buf.TMP, nt), region.view(Buf.TMP2, nt)]
     cap = region.stage_bytes // isz
     nchunks, cs = 1, count
     by_peer = engine.by_peer

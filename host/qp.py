@@ -94,6 +94,10 @@ class MemoryRegion:
     va: int = field(init=False)
     view: memoryview = field(init=False, repr=False)
 
+    # (lo, hi, region): WRITEs that fall wholly inside bytes [lo, hi) of this region land
+    # in ``region`` at offset - lo instead; see CollectiveRegion.bind_out.
+    window: tuple[int, int, MemoryRegion] | None = field(default=None, init=False, repr=False)
+
     def __post_init__(self) -> None:
         self.va = int(self.buf.ctypes.data)
         self.view = memoryview(self.buf)  # memoryview copies skip numpy's per-call overhead
@@ -589,6 +593,9 @@ class QueuePair:
             off = va - mr.va
             if off < 0 or off + dlen > len(mr.buf):
                 return self._access_error(DropReason.OUT_OF_BOUNDS, psn)
+            win = mr.window
+            if win is not None and win[0] <= off and off + dlen <= win[1]:
+                mr, off = win[2], off - win[0]
             self.w_off, self.w_len, self.w_done, self.w_mr = off, dlen, 0, mr
         elif self.w_off < 0:
             # MIDDLE/LAST without a FIRST: the sequence of opcodes is broken.
