@@ -484,7 +484,7 @@ class Engine:
         if r == 0:
             return False
         now = time.monotonic()
-        lens, segs, addrs, ports = (m[:r].tolist() for m in self._rxmeta)
+        lens, segs, addrs, ports = self._rxmeta[:, :r].tolist()
         view = self._rxview
         j = 0
         while j < r:

@@ -24,6 +24,7 @@ immediate data reads:
 from __future__ import annotations
 
 import ctypes
+import functools
 import struct
 from collections import deque
 from dataclasses import dataclass, field
@@ -198,6 +199,13 @@ def _run_formats(k: int, seg: int) -> tuple[struct.Struct, struct.Struct]:
             struct.Struct(">" + f"QI{seg - wire.BTH_LEN}x" * k),
             struct.Struct("<" + f"{seg - wire.ICRC_LEN}xI" * k))
     return fmts
+
+
+@functools.lru_cache(maxsize=256)
+def _middle_state(seed: int, dqpn: int) -> int:
+    """The ICRC's CRC state after a WRITE MIDDLE's masked first 8 BTH bytes, from the
+    pseudo-header ``seed``: the same for every MIDDLE of a QP pair and size."""
+    return wire.crc32(wire.bth_masked(_MIDDLE, 0, dqpn, False, 0)[:8], seed)
 
 
 ANY_QP = -1
@@ -398,7 +406,7 @@ class QueuePair:
         # unmasked: MASK_W2 == 0) and the payload change from packet to packet.
         dqpn = self.remote_qpn
         head = wire.BTH_FMT.pack(_MIDDLE, 0, wire.PKEY, dqpn, 0)[:8]
-        state = wire.crc32(wire.bth_masked(_MIDDLE, 0, dqpn, False, 0)[:8], seed)
+        state = _middle_state(seed, dqpn)
         word, crc32, icrc = wire.IMM_FMT.pack, wire.crc32, wire.ICRC_FMT.pack
         if not self.outstanding:
             self.last_progress = now
@@ -438,7 +446,7 @@ class QueuePair:
         since = self.since_ackreq
         dqpn = self.remote_qpn
         seed = wire.icrc_seed(self.src_ip, self.dst_ip, self.local_port, self.addr[1], 8 + seg)
-        state = wire.crc32(wire.bth_masked(_MIDDLE, 0, dqpn, False, 0)[:8], seed)
+        state = _middle_state(seed, dqpn)
         head = wire.BTH_FMT.pack(_MIDDLE, 0, wire.PKEY, dqpn, 0)[:8]
         fp = self.fastpath
         if fp is not None:
@@ -663,7 +671,7 @@ class QueuePair:
         _, _, _, dqpn, _ = wire.BTH_FMT.unpack_from(rows)
         # CRC state after the masked first 8 BTH bytes; the PSN word is covered unmasked
         # and lies right before the payload, so one CRC call per packet covers both.
-        state = wire.crc32(wire.bth_masked(_MIDDLE, 0, dqpn & 0xFFFFFF, False, 0)[:8], seed)
+        state = _middle_state(seed, dqpn & 0xFFFFFF)
         start = self.w_off + self.w_done
         fp = self.fastpath
         if addr and fp is not None and start + k * pay <= self.w_mr.buf.size:
@@ -695,7 +703,7 @@ class QueuePair:
         room = min((self.w_len - self.w_done) // pay, (self.w_mr.buf.size - start) // pay)
         if room <= 0:
             return 0, 0
-        state = wire.crc32(wire.bth_masked(_MIDDLE, 0, dqpn & 0xFFFFFF, False, 0)[:8], seed)
+        state = _middle_state(seed, dqpn & 0xFFFFFF)
         taken = fp.take_runs(buf, native.SLOT_BYTES, j, r, *meta, seg, wire.BTH_LEN,
                              self.epsn, wire.PSN_MASK, wire.ACKREQ, state, fp.crc,
                              self.w_mr.va + start, room, self._ackreq_ref, self._whole_ref)
