@@ -201,7 +201,15 @@ def rhd_allreduce(rank: int, world: int) -> list[Instr]:
         half = size // 2
         lo = lo if nr & dist == 0 else lo + half
         size, tbase, dist, step = half, tbase + half, dist // 2, step + 1
+    # The doubling's grants go out with the halving's, at the start, in step order (the
+    # order each partner consumes them in). What a doubling step lands in OUT is the
+    # half this rank gave away at the halving step of the same distance: the partner can
+    # only send it back after it received that give whole and reduced it (so this
+    # rank's SEND read it: a later go-back-N re-read only makes duplicates the partner
+    # drops), and no later reduction here writes it (they stay inside what this rank
+    # keeps). Granting just before each doubling step cost a grant round trip per step.
     prog += [_grant(real(nr ^ d), st) for (_, _, _, d, st) in plan]
+    prog += [_grant(real(nr ^ d), st + p.bit_length()) for (_, _, _, d, st) in reversed(plan)]
     for lo_, size_, tb, d, st in plan:
         half = size_ // 2
         keep = lo_ if nr & d == 0 else lo_ + half
@@ -214,7 +222,6 @@ def rhd_allreduce(rank: int, world: int) -> list[Instr]:
     own_lo, own = lo, size
     for lo_, size_, _tb, d, st in reversed(plan):
         partner_lo = lo_ if own_lo != lo_ else lo_ + size_ // 2
-        prog.append(_grant(real(nr ^ d), st + p.bit_length()))
         prog.append(_send(real(nr ^ d), own_lo, st + p.bit_length(), OUT, count=own))
         prog.append(_recv(real(nr ^ d), partner_lo, st + p.bit_length(), count=own))
         own_lo, own = lo_, size_
