@@ -18,3 +18,12 @@ def test_every_package_folder_is_listed():
             parts = [] if str(rel) == "." else list(rel.parts)
             found.add(".".join([name, *parts]))
     assert found == listed
+
+
+def test_the_c_fast_path_source_is_shipped():
+    # host/native.py builds host/fastpath.c on first use, so an installed (not editable)
+    # package must carry the source.
+    from fpgaccl.host import native
+    cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert native.SOURCE.name in cfg["package-data"]["fpgaccl.host"]
+    assert native.SOURCE.exists()
