@@ -13,12 +13,12 @@ class FloatAdd(wiring.Component):
     """``o = a + b`` after :attr:`latency` cycles, one operation per cycle.
 
     Classic three-extra-bit (guard, round, sticky) datapath: order the operands by
-    magnitude, align the smaller, add or subtract, normalise, round. Four register
-    stages so each carries one of the wide operations (compare, align shift, leading
-    zero count + shift, rounding increment).
+    magnitude, align the smaller, add or subtract, normalise, round. Five register
+    stages so each carries one of the wide operations (compare, align shift, add,
+    leading zero count + shift, rounding increment).
     """
 
-    latency = 4
+    latency = 5
 
     def __init__(self, fmt: FloatFormat) -> None:
         self.fmt = fmt
@@ -37,11 +37,11 @@ class FloatAdd(wiring.Component):
         # Stage 1: classify, order by magnitude, exponent difference.
         a, b = Unpacked(m, f, self.a), Unpacked(m, f, self.b)
         swap = Signal()
-        big = Signal(f.width)
-        small = Signal(f.width)
-        m.d.comb += [swap.eq(b.mag > a.mag), big.eq(Mux(swap, self.b, self.a)),
-                     small.eq(Mux(swap, self.a, self.b))]
-        ub, us = Unpacked(m, f, big), Unpacked(m, f, small)
+        m.d.comb += swap.eq(b.mag > a.mag)
+        # Both exponent differences are computed beside the magnitude compare and the
+        # compare only picks: the subtraction is not after it.
+        d_ab, d_ba = Signal(e_w), Signal(e_w)
+        m.d.comb += [d_ab.eq(a.exp_eff - b.exp_eff), d_ba.eq(b.exp_eff - a.exp_eff)]
 
         special = Signal()
         special_val = Signal(f.width)
@@ -68,25 +68,32 @@ class FloatAdd(wiring.Component):
         m.d.sync += [
             s1_special.eq(special),
             s1_special_val.eq(special_val),
-            s1_sig_big.eq(ub.sig),
-            s1_sig_small.eq(us.sig),
-            s1_diff.eq(ub.exp_eff - us.exp_eff),
-            s1_exp.eq(ub.exp_eff),
-            s1_sign.eq(ub.sign),
+            s1_sig_big.eq(Mux(swap, b.sig, a.sig)),
+            s1_sig_small.eq(Mux(swap, a.sig, b.sig)),
+            s1_diff.eq(Mux(swap, d_ba, d_ab)),
+            s1_exp.eq(Mux(swap, b.exp_eff, a.exp_eff)),
+            s1_sign.eq(Mux(swap, b.sign, a.sign)),
             s1_sub.eq(a.sign ^ b.sign),
         ]
 
-        # Stage 2: align the smaller operand (sticky keeps what falls off) and add.
+        # Stage 2a: align the smaller operand (sticky keeps what falls off).
         aligned, sticky = shift_right_sticky(m, Cat(Const(0, 3), s1_sig_small), s1_diff)
-        small_ext = aligned | sticky
-        big_ext = Cat(Const(0, 3), s1_sig_big)
+        s1a_small = Signal(ext)
+        s1a_big = Signal(p)
+        m.d.sync += [s1a_small.eq(aligned | sticky), s1a_big.eq(s1_sig_big)]
+        s1a = {name: Signal(len(sig), name=f"s1a_{name}") for name, sig in
+               (("special", s1_special), ("special_val", s1_special_val), ("exp", s1_exp),
+                ("sign", s1_sign), ("sub", s1_sub))}
+        m.d.sync += [s1a["special"].eq(s1_special), s1a["special_val"].eq(s1_special_val),
+                     s1a["exp"].eq(s1_exp), s1a["sign"].eq(s1_sign), s1a["sub"].eq(s1_sub)]
+
+        # Stage 2b: add or subtract.
+        small_ext = s1a_small
+        big_ext = Cat(Const(0, 3), s1a_big)
         s2_sum = Signal(ext + 1)
-        s2 = {name: Signal(len(sig), name=f"s2_{name}") for name, sig in
-              (("special", s1_special), ("special_val", s1_special_val), ("exp", s1_exp),
-               ("sign", s1_sign), ("sub", s1_sub))}
-        m.d.sync += s2_sum.eq(Mux(s1_sub, big_ext - small_ext, big_ext + small_ext))
-        m.d.sync += [s2["special"].eq(s1_special), s2["special_val"].eq(s1_special_val),
-                     s2["exp"].eq(s1_exp), s2["sign"].eq(s1_sign), s2["sub"].eq(s1_sub)]
+        s2 = {name: Signal(len(sig), name=f"s2_{name}") for name, sig in s1a.items()}
+        m.d.sync += s2_sum.eq(Mux(s1a["sub"], big_ext - small_ext, big_ext + small_ext))
+        m.d.sync += [s2[k].eq(v) for k, v in s1a.items()]
 
         # Stage 3: normalise. A carry shifts right once; otherwise shift left to the
         # hidden bit, but never below the minimum exponent (that makes a subnormal).
