@@ -122,23 +122,19 @@ class Requester(wiring.Component):
 
         # ---- issuer: one packet header + read request at a time -------------------------
         # SELECT -> PICK (the QP's context into registers) -> CALC (packet index, offset,
-        # length, opcode into registers) -> BUILD -> EMIT. Eligibility is registered
-        # (a cycle old) and ANDed with the QP's live active/err/state bits: the other
-        # terms (send != end, window room) change against a packet only through BUILD
-        # itself, at least two cycles before the next SELECT. A control event (ACK/NAK,
-        # timeout, descriptor) during PICK/CALC may have changed the picked context, so
-        # BUILD then gives up and the QP is selected again.
+        # length, opcode into registers) -> BUILD -> EMIT. Eligibility is registered, a
+        # cycle old: at BUILD it is that of the CALC cycle, which has every change made
+        # before it; a control event (ACK/NAK, timeout, descriptor) during PICK/CALC may
+        # have changed the QP after that, so BUILD then gives up and the QP is selected
+        # again. (SELECT only uses it as a hint.)
         elig = Signal(nqp)
         elig_r = Signal(nqp)
-        live = Signal(nqp)
         for i in range(nqp):
             out_n = psn_sub(m, send[i], una[i], f"outstanding{i}")
-            m.d.comb += [elig[i].eq(active[i] & ~err[i] & (state[i] == QPState.RTS)
-                                    & (send[i] != end[i]) & (out_n < self.window)),
-                         live[i].eq(active[i] & ~err[i] & (state[i] == QPState.RTS))]
+            m.d.comb += elig[i].eq(active[i] & ~err[i] & (state[i] == QPState.RTS)
+                                   & (send[i] != end[i]) & (out_n < self.window))
         m.d.sync += elig_r.eq(elig)
-        can = Signal(nqp)
-        m.d.comb += can.eq(elig_r & live)
+        can = elig_r
         s = Signal(range(max(nqp, 2)))
         sel = Signal(range(max(nqp, 2)))
         dirty = Signal()        # a control event since PICK
@@ -295,11 +291,12 @@ class Requester(wiring.Component):
         p1 = Signal(24)
         m.d.comb += p1.eq(p + 1)
         win_r, ends_r, moves_r = Signal(nqp), Signal(nqp), Signal(nqp)
+        live_r = Signal(nqp)    # active and not in error, as of b's waiting cycle
         for i in range(nqp):
             du = psn_sub(m, p, una[i], f"d_una{i}")
             de = psn_sub(m, p, end[i], f"d_end{i}")
             m.d.sync += [win_r[i].eq(~behind(du) & behind(de)), ends_r[i].eq(p1 == end[i]),
-                         moves_r[i].eq(du != 0)]
+                         moves_r[i].eq(du != 0), live_r[i].eq(active[i] & ~err[i])]
         kind = syndrome[5:7]
         code = syndrome[:5]
 
@@ -325,14 +322,14 @@ class Requester(wiring.Component):
         t_una = sel_hot(t_hot, una, 24, "t_una")
         t_retries = sel_hot(t_hot, retries, 8, "t_retries")
         t_expired = (t_hot & expired).any()
-        a_active = (aq_hot & Cat(*active)).any()
-        a_err = (aq_hot & Cat(*err)).any()
+        a_live = (aq_hot & live_r).any()
         in_window = (aq_hot & win_r).any()
 
         # A descriptor waits in a register stage, its QP one-hot; whether that QP can
         # take it is looked at live each cycle, as before.
         dsc = Signal.like(self.desc.payload)
         dv = Signal()
+        dv_old = Signal()       # dv since last cycle: d_ok/d_busy below are its QP's
         dq_hot = Signal(nqp)
         dq_bad = Signal()
         npkts = Signal(24)
@@ -347,9 +344,14 @@ class Requester(wiring.Component):
                          dq_bad.eq(self.desc.payload.qp >= nqp),
                          npkts.eq(Mux(dl == 0, 1, (dl + (self.mtu - 1)) >> self.log2mtu))]
         dq = dsc.qp
-        d_ok = ~dq_bad & (dq_hot & Cat(*[~err[i] & (state[i] == QPState.RTS)
-                                         for i in range(nqp)])).any()
-        d_busy = (dq_hot & Cat(*active)).any()
+        # Registered, so a cycle old: a QP that just went idle is seen busy one more
+        # cycle; one that just failed went idle in the same cycle, so it is seen busy
+        # until its error shows. Nothing else makes a QP idle-and-ready.
+        d_ok, d_busy = Signal(), Signal()
+        m.d.sync += [dv_old.eq(dv & ~taken),
+                     d_ok.eq(~dq_bad & (dq_hot & Cat(*[~err[i] & (state[i] == QPState.RTS)
+                                                       for i in range(nqp)])).any()),
+                     d_busy.eq((dq_hot & Cat(*active)).any())]
         d_next = sel_hot(dq_hot, end, 24, "d_next")
 
         def on(sigs, h, value):
@@ -377,7 +379,7 @@ class Requester(wiring.Component):
                 m.d.sync += b_v.eq(0)
                 with m.If(~hit):
                     sat_inc(m, self.bad_qpn)
-                with m.Elif(a_active & ~a_err):
+                with m.Elif(a_live):
                     with m.If((kind == AethKind.ACK) & in_window):
                         on(una, aq_hot, p1)
                         on(retries, aq_hot, 0)
@@ -411,7 +413,7 @@ class Requester(wiring.Component):
                 for i in range(nqp):
                     with m.If(t_hot[i]):
                         sat_inc(m, retries_total[i])
-            with m.Elif(dv):
+            with m.Elif(dv & dv_old):
                 with m.If(~d_ok):
                     m.d.comb += taken.eq(1)
                     complete(dq, Status.FLUSHED)
