@@ -13,12 +13,12 @@ class FloatAdd(wiring.Component):
     """``o = a + b`` after :attr:`latency` cycles, one operation per cycle.
 
     Classic three-extra-bit (guard, round, sticky) datapath: order the operands by
-    magnitude, align the smaller, add or subtract, normalise, round. Five register
+    magnitude, align the smaller, add or subtract, normalise, round. Six register
     stages so each carries one of the wide operations (compare, align shift, add,
-    leading zero count + shift, rounding increment).
+    leading zero count, normalising shift, rounding increment).
     """
 
-    latency = 5
+    latency = 6
 
     def __init__(self, fmt: FloatFormat) -> None:
         self.fmt = fmt
@@ -95,25 +95,34 @@ class FloatAdd(wiring.Component):
         m.d.sync += s2_sum.eq(Mux(s1a["sub"], big_ext - small_ext, big_ext + small_ext))
         m.d.sync += [s2[k].eq(v) for k, v in s1a.items()]
 
-        # Stage 3: normalise. A carry shifts right once; otherwise shift left to the
-        # hidden bit, but never below the minimum exponent (that makes a subnormal).
-        carry = s2_sum[ext]
-        low = s2_sum[:ext]
-        lz = leading_zeros(m, low)
+        # Stage 3a: how far to normalise. A carry shifts right once; otherwise shift
+        # left to the hidden bit, but never below the minimum exponent (that makes a
+        # subnormal).
+        lz = leading_zeros(m, s2_sum[:ext])
         max_shift = s2["exp"] - 1
-        shift = Signal(range(ext + 1))
-        m.d.comb += shift.eq(Mux(lz > max_shift, max_shift, lz))
+        s2a_sum = Signal.like(s2_sum)
+        s2a_shift = Signal(range(ext + 1))
+        s2a_zero = Signal()
+        m.d.sync += [s2a_sum.eq(s2_sum), s2a_shift.eq(Mux(lz > max_shift, max_shift, lz)),
+                     s2a_zero.eq(s2_sum == 0)]
+        s2a = {k: Signal(len(v), name=f"s2a_{k}") for k, v in s2.items()}
+        m.d.sync += [s2a[k].eq(v) for k, v in s2.items()]
+
+        # Stage 3b: normalise.
+        carry = s2a_sum[ext]
+        low = s2a_sum[:ext]
+        shift = s2a_shift
         s3_norm = Signal(ext)
         s3_exp = Signal(e_w + 1)
         s3_zero = Signal()
         with m.If(carry):
-            m.d.sync += [s3_norm.eq(Cat(s2_sum[0] | s2_sum[1], s2_sum[2:ext + 1])),
-                         s3_exp.eq(s2["exp"] + 1)]
+            m.d.sync += [s3_norm.eq(Cat(s2a_sum[0] | s2a_sum[1], s2a_sum[2:ext + 1])),
+                         s3_exp.eq(s2a["exp"] + 1)]
         with m.Else():
-            m.d.sync += [s3_norm.eq(low << shift), s3_exp.eq(s2["exp"] - shift)]
-        m.d.sync += s3_zero.eq(s2_sum == 0)
-        s3 = {k: Signal(len(v), name=f"s3_{k}") for k, v in s2.items()}
-        m.d.sync += [s3[k].eq(v) for k, v in s2.items()]
+            m.d.sync += [s3_norm.eq(low << shift), s3_exp.eq(s2a["exp"] - shift)]
+        m.d.sync += s3_zero.eq(s2a_zero)
+        s3 = {k: Signal(len(v), name=f"s3_{k}") for k, v in s2a.items()}
+        m.d.sync += [s3[k].eq(v) for k, v in s2a.items()]
 
         # Stage 4: round to nearest even and pack. Adding the rounded significand
         # (hidden bit included) onto ``exp - 1`` lets a rounding carry bump the exponent
