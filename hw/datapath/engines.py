@@ -125,16 +125,21 @@ class CopyEngine(wiring.Component):
                 m.d.sync += busy.eq(1)
         seg.issue(m, busy)
 
-        nbytes = _popcount(m, self.rd_resp.payload.keep)
+        # Answers come in through a skid buffer too: the byte count of a beat (and the
+        # byte counters after it) starts at a register, not at the read multiplexer.
+        m.submodules.inp = inp = SkidBuffer(beat_layout(self.width))
+        wiring.connect(m, wiring.flipped(self.rd_resp), inp.i)
+        resp = inp.o
+        nbytes = _popcount(m, resp.payload.keep)
         w = out.i
         m.d.comb += [
-            w.valid.eq(self.rd_resp.valid & busy),
+            w.valid.eq(resp.valid & busy),
             w.payload.w.addr.eq(dst + moved),
-            w.payload.w.data.eq(self.rd_resp.payload.data),
-            w.payload.w.keep.eq(self.rd_resp.payload.keep),
-            w.payload.w.last.eq(self.rd_resp.payload.last),
+            w.payload.w.data.eq(resp.payload.data),
+            w.payload.w.keep.eq(resp.payload.keep),
+            w.payload.w.last.eq(resp.payload.last),
             w.payload.fin.eq(todo == nbytes),
-            self.rd_resp.ready.eq(w.ready & busy),
+            resp.ready.eq(w.ready & busy),
         ]
         with m.If(w.valid & w.ready):
             m.d.sync += [moved.eq(moved + nbytes), todo.eq(todo - nbytes)]
