@@ -17,11 +17,12 @@ class FloatMul(wiring.Component):
     operand's leading zeros (nonzero only for subnormal inputs); stage 2 shifts the
     product left by their sum, which leaves at most one more bit to normalise, and
     picks how far a subnormal result must go right; stage 3 does that right shift with
-    sticky; stage 4 rounds and packs. (One 48-bit leading-zero count, a left and a
-    right shift in one cycle was the deepest path of the node's reduction unit.)
+    sticky; stage 4a decides the rounding, 4b rounds and packs. (One 48-bit
+    leading-zero count, a left and a right shift in one cycle was the deepest path of
+    the node's reduction unit.)
     """
 
-    latency = 4
+    latency = 5
 
     def __init__(self, fmt: FloatFormat) -> None:
         self.fmt = fmt
@@ -120,19 +121,31 @@ class FloatMul(wiring.Component):
             s3_special.eq(s2_special), s3_special_val.eq(s2_special_val), s3_sign.eq(s2_sign),
         ]
 
-        # Stage 4: round to nearest even and pack, as in the adder: the rounded
-        # significand (hidden bit included) added onto exp - 1.
+        # Stage 4a: the round-to-nearest-even decision.
         mant = s3_norm[p:]
         guard = s3_norm[p - 1]
         rest = s3_norm[:p - 1].any() | s3_lost
-        rounded = mant + (guard & (rest | mant[0]))
+        s4_mant = Signal(p)
+        s4_up = Signal()
+        s4_exp = Signal(signed(exp_w))
+        s4_special = Signal()
+        s4_special_val = Signal(f.width)
+        s4_sign = Signal()
+        m.d.sync += [
+            s4_mant.eq(mant), s4_up.eq(guard & (rest | mant[0])), s4_exp.eq(s3_exp),
+            s4_special.eq(s3_special), s4_special_val.eq(s3_special_val), s4_sign.eq(s3_sign),
+        ]
+
+        # Stage 4b: round and pack, as in the adder: the rounded significand (hidden bit
+        # included) added onto exp - 1.
+        rounded = s4_mant + s4_up
         mag = Signal(signed(exp_w + f.m + 2))
-        m.d.comb += mag.eq(((s3_exp - 1) << f.m) + rounded)
+        m.d.comb += mag.eq(((s4_exp - 1) << f.m) + rounded)
         overflow = mag[f.m:].as_signed() >= f.exp_max
-        with m.If(s3_special):
-            m.d.sync += self.o.eq(s3_special_val)
+        with m.If(s4_special):
+            m.d.sync += self.o.eq(s4_special_val)
         with m.Elif(overflow):
-            m.d.sync += self.o.eq(Cat(Const(0, f.m), Const(f.exp_max, f.e), s3_sign))
+            m.d.sync += self.o.eq(Cat(Const(0, f.m), Const(f.exp_max, f.e), s4_sign))
         with m.Else():
-            m.d.sync += self.o.eq(Cat(mag[:f.width - 1], s3_sign))
+            m.d.sync += self.o.eq(Cat(mag[:f.width - 1], s4_sign))
         return m
