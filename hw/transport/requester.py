@@ -290,15 +290,31 @@ class Requester(wiring.Component):
         m.d.sync += b_old.eq(b_v)
         p1 = Signal(24)
         m.d.comb += p1.eq(p + 1)
-        win_r, ends_r, moves_r = Signal(nqp), Signal(nqp), Signal(nqp)
-        live_r = Signal(nqp)    # active and not in error, as of b's waiting cycle
+        kind = syndrome[5:7]
+        code = syndrome[:5]
+        is_ack = kind == AethKind.ACK
+        is_seq = (kind == AethKind.NAK) & (code == NakCode.PSN_SEQUENCE_ERROR)
+        is_fatal = (kind == AethKind.NAK) & (code != NakCode.PSN_SEQUENCE_ERROR)
+        # What the ACK will do, per QP (one-hot: only the looked-up QP's can be set),
+        # worked out in b's waiting cycle into registers from the QP's state then
+        # (the control changes none of it in that cycle): the acting cycle only ANDs a
+        # flop with the handshake.
+        acks, fins, seqs, seq_clrs, fatals = (Signal(nqp, name=n) for n in
+                                              ("acks", "fins", "seqs", "seq_clrs", "fatals"))
+        naks = Signal()         # a NAK for a live QP: counted
+        live_any = []
         for i in range(nqp):
             du = psn_sub(m, p, una[i], f"d_una{i}")
             de = psn_sub(m, p, end[i], f"d_end{i}")
-            m.d.sync += [win_r[i].eq(~behind(du) & behind(de)), ends_r[i].eq(p1 == end[i]),
-                         moves_r[i].eq(du != 0), live_r[i].eq(active[i] & ~err[i])]
-        kind = syndrome[5:7]
-        code = syndrome[:5]
+            live = (aq == i) & hit & active[i] & ~err[i]
+            live_any.append(live)
+            win = ~behind(du) & behind(de)
+            m.d.sync += [acks[i].eq(live & is_ack & win),
+                         fins[i].eq(live & is_ack & win & (p1 == end[i])),
+                         seqs[i].eq(live & is_seq & win),
+                         seq_clrs[i].eq(live & is_seq & win & (du != 0)),
+                         fatals[i].eq(live & is_fatal)]
+        m.d.sync += naks.eq(Cat(*live_any).any() & (kind == AethKind.NAK))
 
         t = Signal(range(max(nqp, 2)))
         m.d.sync += t.eq(Mux(t == nqp - 1, 0, t + 1))
@@ -317,13 +333,9 @@ class Requester(wiring.Component):
 
         t_hot = Signal(nqp, init=1)     # t's one-hot twin, kept in step with it
         m.d.sync += t_hot.eq(Mux(t == nqp - 1, 1, t_hot << 1)[:nqp])
-        aq_hot = Signal(nqp)            # b waits a cycle, so this is aq's by then
-        m.d.sync += aq_hot.eq(one_hot(aq))
         t_una = sel_hot(t_hot, una, 24, "t_una")
         t_retries = sel_hot(t_hot, retries, 8, "t_retries")
         t_expired = (t_hot & expired).any()
-        a_live = (aq_hot & live_r).any()
-        in_window = (aq_hot & win_r).any()
 
         # A descriptor waits in a register stage, its QP one-hot; whether that QP can
         # take it is looked at live each cycle, as before.
@@ -379,27 +391,25 @@ class Requester(wiring.Component):
                 m.d.sync += b_v.eq(0)
                 with m.If(~hit):
                     sat_inc(m, self.bad_qpn)
-                with m.Elif(a_live):
-                    with m.If((kind == AethKind.ACK) & in_window):
-                        on(una, aq_hot, p1)
-                        on(retries, aq_hot, 0)
-                        restart(aq_hot)
-                        with m.If((aq_hot & ends_r).any()):
-                            on(active, aq_hot, 0)
-                            complete(aq, Status.OK)
-                    with m.Elif((kind == AethKind.NAK) & (code == NakCode.PSN_SEQUENCE_ERROR)):
-                        sat_inc(m, self.naks_rx)
-                        with m.If(in_window):
-                            on(una, aq_hot, p)
-                            on(send, aq_hot, p)
-                            restart(aq_hot)
-                            with m.If((aq_hot & moves_r).any()):
-                                on(retries, aq_hot, 0)
-                    with m.Elif(kind == AethKind.NAK):
-                        sat_inc(m, self.naks_rx)
-                        on(err, aq_hot, 1)
-                        on(active, aq_hot, 0)
-                        complete(aq, Status.REMOTE_ACCESS)
+                with m.If(naks):
+                    sat_inc(m, self.naks_rx)
+                # ACK in the window: acknowledged up to p, done when that is the end.
+                on(una, acks, p1)
+                on(retries, acks, 0)
+                restart(acks)
+                on(active, fins, 0)
+                with m.If(fins.any()):
+                    complete(aq, Status.OK)
+                # NAK PSN-sequence-error in the window: go back to p.
+                on(una, seqs, p)
+                on(send, seqs, p)
+                restart(seqs)
+                on(retries, seq_clrs, 0)
+                # Any other NAK: the QP fails.
+                on(err, fatals, 1)
+                on(active, fatals, 0)
+                with m.If(fatals.any()):
+                    complete(aq, Status.REMOTE_ACCESS)
             with m.Elif(t_expired):
                 with m.If(t_retries >= self.max_retries):
                     on(err, t_hot, 1)
