@@ -285,7 +285,11 @@ class Responder(wiring.Component):
                 m.d.sync += [
                     dup.eq(behind(d)), ooo.eq(d != 0),
                     rem.eq(p_rem), va.eq(Mux(is_first, h.reth.va, picked["va"])),
-                    len_bad.eq((n > p_rem) | (is_end & (n != p_rem))),
+                    # Both candidates' tests side by side, then the pick (not the
+                    # pick, then a 32-bit compare).
+                    len_bad.eq(Mux(is_first,
+                                   (n > h.reth.dlen) | (is_end & (n != h.reth.dlen)),
+                                   (n > picked["rem"]) | (is_end & (n != picked["rem"])))),
                 ]
                 m.next = "CHECK"
 
