@@ -16,13 +16,14 @@ class FloatMul(wiring.Component):
     Stage 1 multiplies the significands (the DSP stage) and, beside it, counts each
     operand's leading zeros (nonzero only for subnormal inputs); stage 2 shifts the
     product left by their sum, which leaves at most one more bit to normalise, and
-    picks how far a subnormal result must go right; stage 3 does that right shift with
-    sticky; stage 4a decides the rounding, 4b rounds and packs. (One 48-bit
+    picks how far a subnormal result must go right; stages 3a/3b do that right shift
+    (whole bytes, then bits) with sticky; stage 4a decides the rounding, 4b rounds and
+    packs. (One 48-bit
     leading-zero count, a left and a right shift in one cycle was the deepest path of
     the node's reduction unit.)
     """
 
-    latency = 5
+    latency = 6
 
     def __init__(self, fmt: FloatFormat) -> None:
         self.fmt = fmt
@@ -107,18 +108,36 @@ class FloatMul(wiring.Component):
             s2_special.eq(s1_special), s2_special_val.eq(s1_special_val), s2_sign.eq(s1_sign),
         ]
 
-        # Stage 3: the subnormal result's right shift; the sticky bit remembers what fell
-        # off.
-        shifted, lost = shift_right_sticky(m, s2_norm, s2_under)
-        s3_norm = Signal(2 * p)
+        # Stage 3a/3b: the subnormal result's right shift, whole bytes first, then the
+        # rest; the sticky bit remembers what fell off in either.
+        n = 2 * p
+        amt = Signal(range(n + 1))
+        m.d.comb += amt.eq(Mux(s2_under > n, n, s2_under))
+        coarse = Cat(Const(0, 3), amt[3:])
+        s3a_norm = Signal(n)
+        s3a_fine = Signal(3)
+        s3a_lost = Signal()
+        s3a_exp = Signal(signed(exp_w))
+        s3a_special = Signal()
+        s3a_special_val = Signal(f.width)
+        s3a_sign = Signal()
+        m.d.sync += [
+            s3a_norm.eq(s2_norm >> coarse), s3a_fine.eq(amt[:3]),
+            s3a_lost.eq((s2_norm & ((Const(1, n + 1) << coarse) - 1)).any()),
+            s3a_exp.eq(s2_exp), s3a_special.eq(s2_special),
+            s3a_special_val.eq(s2_special_val), s3a_sign.eq(s2_sign),
+        ]
+        shifted, lost = shift_right_sticky(m, s3a_norm, s3a_fine)
+        s3_norm = Signal(n)
         s3_lost = Signal()
         s3_exp = Signal(signed(exp_w))
         s3_special = Signal()
         s3_special_val = Signal(f.width)
         s3_sign = Signal()
         m.d.sync += [
-            s3_norm.eq(shifted), s3_lost.eq(lost), s3_exp.eq(s2_exp),
-            s3_special.eq(s2_special), s3_special_val.eq(s2_special_val), s3_sign.eq(s2_sign),
+            s3_norm.eq(shifted), s3_lost.eq(lost | s3a_lost), s3_exp.eq(s3a_exp),
+            s3_special.eq(s3a_special), s3_special_val.eq(s3a_special_val),
+            s3_sign.eq(s3a_sign),
         ]
 
         # Stage 4a: the round-to-nearest-even decision.
