@@ -15,7 +15,8 @@ from amaranth.lib.cdc import FFSynchronizer
 from amaranth.lib.wiring import In, Out
 
 from fpgaccl.hw.csr.bus import CSRBusSignature
-from fpgaccl.hw.stream.beat import beat_stream
+from fpgaccl.hw.stream.beat import beat_layout, beat_stream
+from fpgaccl.hw.stream.skid import SkidBuffer
 
 NIBBLE = 4
 
@@ -262,20 +263,20 @@ class OnChipMemory(wiring.Component):
                      wp.data.eq(self.wr.payload.data),
                      wp.en.eq(Mux(self.wr.valid, self.wr.payload.keep, 0))]
 
-        out = self.rd_resp
+        # The block RAM's read data (4 ns clock-to-out on an ECP5) goes straight into a
+        # skid buffer: what reads the answer, and the ready chain back from it, starts
+        # at a register rather than at the RAM.
+        m.submodules.skid = skid = SkidBuffer(beat_layout(w))
+        wiring.connect(m, skid.o, wiring.flipped(self.rd_resp))
+        out = skid.i
         cur = Signal(range(self.depth))
         left = Signal(len(self.rd_req.payload.len))
         tail = Signal(range(nbytes + 1))       # valid bytes in the last beat
         first = Signal()
         advance = ~out.valid | out.ready
-        issue = left != 0
+        issue = Signal()        # left != 0, kept as a flag: it is the request's ready
         m.d.comb += [self.rd_req.ready.eq(~issue), rp.addr.eq(cur), rp.en.eq(advance),
                      out.payload.data.eq(rp.data)]
-        with m.If(self.rd_req.valid & self.rd_req.ready):
-            n = self.rd_req.payload.len
-            m.d.sync += [cur.eq(self.rd_req.payload.addr >> shift),
-                         left.eq((n + nbytes - 1) >> shift), first.eq(1),
-                         tail.eq(Mux(n[:shift] == 0, nbytes, n[:shift]))]
         with m.If(advance):
             last = left == 1
             m.d.sync += [out.valid.eq(issue), out.payload.first.eq(first),
@@ -283,5 +284,12 @@ class OnChipMemory(wiring.Component):
                          out.payload.keep.eq(Mux(last, (Const(1, nbytes + 1) << tail) - 1,
                                                  -1))]
             with m.If(issue):
-                m.d.sync += [cur.eq(cur + 1), left.eq(left - 1), first.eq(0)]
+                m.d.sync += [cur.eq(cur + 1), left.eq(left - 1), first.eq(0),
+                             issue.eq(~last)]
+        with m.If(self.rd_req.valid & self.rd_req.ready):
+            n = self.rd_req.payload.len
+            beats = (n + nbytes - 1) >> shift
+            m.d.sync += [cur.eq(self.rd_req.payload.addr >> shift), left.eq(beats),
+                         issue.eq(beats != 0), first.eq(1),
+                         tail.eq(Mux(n[:shift] == 0, nbytes, n[:shift]))]
         return m

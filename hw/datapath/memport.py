@@ -10,6 +10,7 @@ from amaranth.lib import fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from fpgaccl.hw.stream.beat import beat_stream
+from fpgaccl.hw.stream.skid import SkidBuffer
 from fpgaccl.hw.transport.layouts import MEM_READ_REQ, mem_write_layout
 
 __all__ = ["MEM_READ_REQ", "ReadMux", "WriteMux", "channel_names", "mem_write_layout",
@@ -54,6 +55,9 @@ class ReadMux(wiring.Component):
 
     Requests are granted round-robin; the winner's index goes into a FIFO so each answer
     packet returns to whoever asked, in order. ``depth`` bounds the requests in flight.
+    Each master's requests pass a skid buffer first, so the arbitration sees registered
+    valids and a master sees a registered ready: a grant does not reach back into the
+    logic that decides a master's next request.
     """
 
     def __init__(self, width: int, n: int, depth: int = 16) -> None:
@@ -69,7 +73,11 @@ class ReadMux(wiring.Component):
         n = self.n
         m.submodules.order = order = fifo.SyncFIFOBuffered(width=max(1, (n - 1).bit_length()),
                                                            depth=self.depth)
-        reqs = [getattr(self, f"req{i}") for i in range(n)]
+        reqs = []
+        for i in range(n):
+            m.submodules[f"in{i}"] = skid = SkidBuffer(MEM_READ_REQ)
+            wiring.connect(m, wiring.flipped(getattr(self, f"req{i}")), skid.i)
+            reqs.append(skid.o)
         resps = [getattr(self, f"resp{i}") for i in range(n)]
 
         # Registered request output: hold a granted request until the port takes it.

@@ -14,7 +14,8 @@ opcode (:func:`fpgaccl.proto.extension_headers`), as :func:`fpgaccl.proto.build_
 Pipeline: a prepare stage computes the next frame's header bytes and lengths (IPv4
 checksum included) while the current frame streams, so back-to-back frames leave with no
 gap; the stream stage emits one beat per cycle (header bytes, payload realigned by the
-header length mod N, pad), its byte masks read from bytes-left registers; three
+header length mod N, pad; payload beats come through a skid buffer, so whether one is
+there is a register), its byte masks read from bytes-left registers; three
 registers follow it (ICRC update, un-zero, ICRC insertion) before a small output FIFO
 whose registered level is the only back-pressure it looks at.
 """
@@ -30,8 +31,9 @@ from fpgaccl.proto import BTH, IPV4, UDP, extension_headers
 from fpgaccl.proto.headers import ICRC_BYTES
 from fpgaccl.proto.opcodes import SUPPORTED_OPCODES
 
-from ..stream.beat import beat_stream
+from ..stream.beat import beat_layout, beat_stream
 from ..stream.fifo import BeatFIFO
+from ..stream.skid import SkidBuffer
 from . import crc as crcmod
 from .layouts import header_layout, to_wire
 from .parser import _bytes_to_bits, _thermo
@@ -58,6 +60,12 @@ class RoceBuilder(wiring.Component):
         logn = exact_log2(N)
         m.submodules.out = of = BeatFIFO(W, self.out_depth)
         wiring.connect(m, of.o, wiring.flipped(self.o))
+        # Payload beats enter through a register slice: whether one is here (which
+        # decides whether the stream stage moves) is then a register, not the end of
+        # the memory read path behind the requester.
+        m.submodules.pin = pin = SkidBuffer(beat_layout(W))
+        wiring.connect(m, wiring.flipped(self.i), pin.i)
+        pi = pin.o
 
         # --- prepare: header bytes and lengths of the next frame --------------------------
         # Two registers deep: the record is taken with its IP length and the sum of the
@@ -142,26 +150,36 @@ class RoceBuilder(wiring.Component):
 
         go = Signal()
         m.d.comb += go.eq(of.level < self.out_depth - 1)
+        # Whether this beat takes a payload beat (the header is out: k >= q; payload
+        # beats are left: pc < nin) is kept in two flags, set for the next beat when
+        # k/pc count, so the handshake reads registers only.
+        past_hdr = Signal()
+        more_in = Signal()
         need = Signal()
-        m.d.comb += need.eq(active & (k >= q) & (pc < nin))
+        m.d.comb += need.eq(active & past_hdr & more_in)
         prod = Signal()
-        m.d.comb += [prod.eq(go & active & (~need | self.i.valid)),
-                     self.i.ready.eq(go & active & need)]
+        m.d.comb += [prod.eq(go & active & (~need | pi.valid)),
+                     pi.ready.eq(go & active & need)]
         loading = Signal()      # the next frame's lengths and header come in
 
-        def counter(name: str, load_value):
-            """A bytes-left register, its value for the next beat, and both candidates
-            (loaded, counted down) so that derived values can be muxed late."""
-            cur = Signal(signed(21), name=f"{name}_left")
-            down = Signal(signed(21), name=f"{name}_down")
-            load = Signal(signed(21), name=f"{name}_load")
-            m.d.comb += [down.eq(cur - N), load.eq(load_value)]
-            return cur, load, down
+        counted = []
 
-        h_left, h_ld, h_dn = counter("h", nxt_h)
-        p_left, p_ld, p_dn = counter("p", nxt_pe)
-        k_left, k_ld, k_dn = counter("k", nxt_l)
-        c_left, c_ld, c_dn = counter("c", nxt_c)
+        def counter(name: str, load_value):
+            """The two candidates for a bytes-left count at the next beat: loaded (the
+            next frame's value) and counted down, so that derived values can be muxed
+            late. The counted-down one is a register, N below the current count, so
+            what is derived from it starts at a flop rather than after a subtraction
+            (the count itself is then not needed)."""
+            down = Signal(signed(21), name=f"{name}_down", init=-N)
+            load = Signal(signed(21), name=f"{name}_load")
+            m.d.comb += load.eq(load_value)
+            counted.append((load, down))
+            return load, down
+
+        h_ld, h_dn = counter("h", nxt_h)
+        p_ld, p_dn = counter("p", nxt_pe)
+        k_ld, k_dn = counter("k", nxt_l)
+        c_ld, c_dn = counter("c", nxt_c)
         hmask, pmask, kmask, cmask = (Signal(N, name=f"{n}mask") for n in "hpkc")
         last_r = Signal()
         c_on, c_ends, ins_on = Signal(), Signal(), Signal()
@@ -179,9 +197,8 @@ class RoceBuilder(wiring.Component):
             return _thermo(m, v, N, name)
 
         with m.If(loading | prod):
+            m.d.sync += [down.eq(Mux(loading, ld - N, down - N)) for ld, down in counted]
             m.d.sync += [
-                h_left.eq(Mux(loading, h_ld, h_dn)), p_left.eq(Mux(loading, p_ld, p_dn)),
-                k_left.eq(Mux(loading, k_ld, k_dn)), c_left.eq(Mux(loading, c_ld, c_dn)),
                 hmask.eq(late(thermo, h_ld, h_dn, "hmask")),
                 pmask.eq(late(thermo, p_ld, p_dn, "pmask")),
                 kmask.eq(late(thermo, k_ld, k_dn, "kmask")),
@@ -196,7 +213,7 @@ class RoceBuilder(wiring.Component):
             ]
 
         cur_in = Signal(W)
-        m.d.comb += cur_in.eq(self.i.payload.data)
+        m.d.comb += cur_in.eq(pi.payload.data)
         pair = Cat(carry, cur_in)
         window = Signal(W)
         with m.Switch(s):
@@ -272,12 +289,13 @@ class RoceBuilder(wiring.Component):
         ]
 
         with m.If(prod):
-            m.d.sync += k.eq(k + 1)
+            m.d.sync += [k.eq(k + 1), past_hdr.eq(k + 1 >= q)]
             with m.If(need):
-                m.d.sync += [carry.eq(self.i.payload.data), pc.eq(pc + 1)]
+                m.d.sync += [carry.eq(pi.payload.data), pc.eq(pc + 1), more_in.eq(pc + 1 < nin)]
             with m.If(last_r):
                 m.d.sync += active.eq(0)
         with m.If(loading):
             m.d.sync += [active.eq(1), cur_hdr.eq(nxt_hdr), hlen.eq(nxt_h), nin.eq(nxt_nin),
-                         k.eq(0), pc.eq(0), nxt_valid.eq(0)]
+                         k.eq(0), pc.eq(0), nxt_valid.eq(0),
+                         past_hdr.eq((nxt_h >> logn) == 0), more_in.eq(nxt_nin != 0)]
         return m

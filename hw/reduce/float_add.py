@@ -13,12 +13,12 @@ class FloatAdd(wiring.Component):
     """``o = a + b`` after :attr:`latency` cycles, one operation per cycle.
 
     Classic three-extra-bit (guard, round, sticky) datapath: order the operands by
-    magnitude, align the smaller, add or subtract, normalise, round. Four register
-    stages so each carries one of the wide operations (compare, align shift, leading
-    zero count + shift, rounding increment).
+    magnitude, align the smaller, add or subtract, normalise, round. Six register
+    stages so each carries one of the wide operations (compare, align shift, add,
+    leading zero count, normalising shift, rounding increment).
     """
 
-    latency = 4
+    latency = 6
 
     def __init__(self, fmt: FloatFormat) -> None:
         self.fmt = fmt
@@ -37,11 +37,11 @@ class FloatAdd(wiring.Component):
         # Stage 1: classify, order by magnitude, exponent difference.
         a, b = Unpacked(m, f, self.a), Unpacked(m, f, self.b)
         swap = Signal()
-        big = Signal(f.width)
-        small = Signal(f.width)
-        m.d.comb += [swap.eq(b.mag > a.mag), big.eq(Mux(swap, self.b, self.a)),
-                     small.eq(Mux(swap, self.a, self.b))]
-        ub, us = Unpacked(m, f, big), Unpacked(m, f, small)
+        m.d.comb += swap.eq(b.mag > a.mag)
+        # Both exponent differences are computed beside the magnitude compare and the
+        # compare only picks: the subtraction is not after it.
+        d_ab, d_ba = Signal(e_w), Signal(e_w)
+        m.d.comb += [d_ab.eq(a.exp_eff - b.exp_eff), d_ba.eq(b.exp_eff - a.exp_eff)]
 
         special = Signal()
         special_val = Signal(f.width)
@@ -68,45 +68,61 @@ class FloatAdd(wiring.Component):
         m.d.sync += [
             s1_special.eq(special),
             s1_special_val.eq(special_val),
-            s1_sig_big.eq(ub.sig),
-            s1_sig_small.eq(us.sig),
-            s1_diff.eq(ub.exp_eff - us.exp_eff),
-            s1_exp.eq(ub.exp_eff),
-            s1_sign.eq(ub.sign),
+            s1_sig_big.eq(Mux(swap, b.sig, a.sig)),
+            s1_sig_small.eq(Mux(swap, a.sig, b.sig)),
+            s1_diff.eq(Mux(swap, d_ba, d_ab)),
+            s1_exp.eq(Mux(swap, b.exp_eff, a.exp_eff)),
+            s1_sign.eq(Mux(swap, b.sign, a.sign)),
             s1_sub.eq(a.sign ^ b.sign),
         ]
 
-        # Stage 2: align the smaller operand (sticky keeps what falls off) and add.
+        # Stage 2a: align the smaller operand (sticky keeps what falls off).
         aligned, sticky = shift_right_sticky(m, Cat(Const(0, 3), s1_sig_small), s1_diff)
-        small_ext = aligned | sticky
-        big_ext = Cat(Const(0, 3), s1_sig_big)
-        s2_sum = Signal(ext + 1)
-        s2 = {name: Signal(len(sig), name=f"s2_{name}") for name, sig in
-              (("special", s1_special), ("special_val", s1_special_val), ("exp", s1_exp),
-               ("sign", s1_sign), ("sub", s1_sub))}
-        m.d.sync += s2_sum.eq(Mux(s1_sub, big_ext - small_ext, big_ext + small_ext))
-        m.d.sync += [s2["special"].eq(s1_special), s2["special_val"].eq(s1_special_val),
-                     s2["exp"].eq(s1_exp), s2["sign"].eq(s1_sign), s2["sub"].eq(s1_sub)]
+        s1a_small = Signal(ext)
+        s1a_big = Signal(p)
+        m.d.sync += [s1a_small.eq(aligned | sticky), s1a_big.eq(s1_sig_big)]
+        s1a = {name: Signal(len(sig), name=f"s1a_{name}") for name, sig in
+               (("special", s1_special), ("special_val", s1_special_val), ("exp", s1_exp),
+                ("sign", s1_sign), ("sub", s1_sub))}
+        m.d.sync += [s1a["special"].eq(s1_special), s1a["special_val"].eq(s1_special_val),
+                     s1a["exp"].eq(s1_exp), s1a["sign"].eq(s1_sign), s1a["sub"].eq(s1_sub)]
 
-        # Stage 3: normalise. A carry shifts right once; otherwise shift left to the
-        # hidden bit, but never below the minimum exponent (that makes a subnormal).
-        carry = s2_sum[ext]
-        low = s2_sum[:ext]
-        lz = leading_zeros(m, low)
+        # Stage 2b: add or subtract.
+        small_ext = s1a_small
+        big_ext = Cat(Const(0, 3), s1a_big)
+        s2_sum = Signal(ext + 1)
+        s2 = {name: Signal(len(sig), name=f"s2_{name}") for name, sig in s1a.items()}
+        m.d.sync += s2_sum.eq(Mux(s1a["sub"], big_ext - small_ext, big_ext + small_ext))
+        m.d.sync += [s2[k].eq(v) for k, v in s1a.items()]
+
+        # Stage 3a: how far to normalise. A carry shifts right once; otherwise shift
+        # left to the hidden bit, but never below the minimum exponent (that makes a
+        # subnormal).
+        lz = leading_zeros(m, s2_sum[:ext])
         max_shift = s2["exp"] - 1
-        shift = Signal(range(ext + 1))
-        m.d.comb += shift.eq(Mux(lz > max_shift, max_shift, lz))
+        s2a_sum = Signal.like(s2_sum)
+        s2a_shift = Signal(range(ext + 1))
+        s2a_zero = Signal()
+        m.d.sync += [s2a_sum.eq(s2_sum), s2a_shift.eq(Mux(lz > max_shift, max_shift, lz)),
+                     s2a_zero.eq(s2_sum == 0)]
+        s2a = {k: Signal(len(v), name=f"s2a_{k}") for k, v in s2.items()}
+        m.d.sync += [s2a[k].eq(v) for k, v in s2.items()]
+
+        # Stage 3b: normalise.
+        carry = s2a_sum[ext]
+        low = s2a_sum[:ext]
+        shift = s2a_shift
         s3_norm = Signal(ext)
         s3_exp = Signal(e_w + 1)
         s3_zero = Signal()
         with m.If(carry):
-            m.d.sync += [s3_norm.eq(Cat(s2_sum[0] | s2_sum[1], s2_sum[2:ext + 1])),
-                         s3_exp.eq(s2["exp"] + 1)]
+            m.d.sync += [s3_norm.eq(Cat(s2a_sum[0] | s2a_sum[1], s2a_sum[2:ext + 1])),
+                         s3_exp.eq(s2a["exp"] + 1)]
         with m.Else():
-            m.d.sync += [s3_norm.eq(low << shift), s3_exp.eq(s2["exp"] - shift)]
-        m.d.sync += s3_zero.eq(s2_sum == 0)
-        s3 = {k: Signal(len(v), name=f"s3_{k}") for k, v in s2.items()}
-        m.d.sync += [s3[k].eq(v) for k, v in s2.items()]
+            m.d.sync += [s3_norm.eq(low << shift), s3_exp.eq(s2a["exp"] - shift)]
+        m.d.sync += s3_zero.eq(s2a_zero)
+        s3 = {k: Signal(len(v), name=f"s3_{k}") for k, v in s2a.items()}
+        m.d.sync += [s3[k].eq(v) for k, v in s2a.items()]
 
         # Stage 4: round to nearest even and pack. Adding the rounded significand
         # (hidden bit included) onto ``exp - 1`` lets a rounding carry bump the exponent

@@ -16,12 +16,14 @@ class FloatMul(wiring.Component):
     Stage 1 multiplies the significands (the DSP stage) and, beside it, counts each
     operand's leading zeros (nonzero only for subnormal inputs); stage 2 shifts the
     product left by their sum, which leaves at most one more bit to normalise, and
-    picks how far a subnormal result must go right; stage 3 does that right shift with
-    sticky; stage 4 rounds and packs. (One 48-bit leading-zero count, a left and a
-    right shift in one cycle was the deepest path of the node's reduction unit.)
+    picks how far a subnormal result must go right; stages 3a/3b do that right shift
+    (whole bytes, then bits) with sticky; stage 4a decides the rounding, 4b rounds and
+    packs. (One 48-bit
+    leading-zero count, a left and a right shift in one cycle was the deepest path of
+    the node's reduction unit.)
     """
 
-    latency = 4
+    latency = 6
 
     def __init__(self, fmt: FloatFormat) -> None:
         self.fmt = fmt
@@ -106,33 +108,63 @@ class FloatMul(wiring.Component):
             s2_special.eq(s1_special), s2_special_val.eq(s1_special_val), s2_sign.eq(s1_sign),
         ]
 
-        # Stage 3: the subnormal result's right shift; the sticky bit remembers what fell
-        # off.
-        shifted, lost = shift_right_sticky(m, s2_norm, s2_under)
-        s3_norm = Signal(2 * p)
+        # Stage 3a/3b: the subnormal result's right shift, whole bytes first, then the
+        # rest; the sticky bit remembers what fell off in either.
+        n = 2 * p
+        amt = Signal(range(n + 1))
+        m.d.comb += amt.eq(Mux(s2_under > n, n, s2_under))
+        coarse = Cat(Const(0, 3), amt[3:])
+        s3a_norm = Signal(n)
+        s3a_fine = Signal(3)
+        s3a_lost = Signal()
+        s3a_exp = Signal(signed(exp_w))
+        s3a_special = Signal()
+        s3a_special_val = Signal(f.width)
+        s3a_sign = Signal()
+        m.d.sync += [
+            s3a_norm.eq(s2_norm >> coarse), s3a_fine.eq(amt[:3]),
+            s3a_lost.eq((s2_norm & ((Const(1, n + 1) << coarse) - 1)).any()),
+            s3a_exp.eq(s2_exp), s3a_special.eq(s2_special),
+            s3a_special_val.eq(s2_special_val), s3a_sign.eq(s2_sign),
+        ]
+        shifted, lost = shift_right_sticky(m, s3a_norm, s3a_fine)
+        s3_norm = Signal(n)
         s3_lost = Signal()
         s3_exp = Signal(signed(exp_w))
         s3_special = Signal()
         s3_special_val = Signal(f.width)
         s3_sign = Signal()
         m.d.sync += [
-            s3_norm.eq(shifted), s3_lost.eq(lost), s3_exp.eq(s2_exp),
-            s3_special.eq(s2_special), s3_special_val.eq(s2_special_val), s3_sign.eq(s2_sign),
+            s3_norm.eq(shifted), s3_lost.eq(lost | s3a_lost), s3_exp.eq(s3a_exp),
+            s3_special.eq(s3a_special), s3_special_val.eq(s3a_special_val),
+            s3_sign.eq(s3a_sign),
         ]
 
-        # Stage 4: round to nearest even and pack, as in the adder: the rounded
-        # significand (hidden bit included) added onto exp - 1.
+        # Stage 4a: the round-to-nearest-even decision.
         mant = s3_norm[p:]
         guard = s3_norm[p - 1]
         rest = s3_norm[:p - 1].any() | s3_lost
-        rounded = mant + (guard & (rest | mant[0]))
+        s4_mant = Signal(p)
+        s4_up = Signal()
+        s4_exp = Signal(signed(exp_w))
+        s4_special = Signal()
+        s4_special_val = Signal(f.width)
+        s4_sign = Signal()
+        m.d.sync += [
+            s4_mant.eq(mant), s4_up.eq(guard & (rest | mant[0])), s4_exp.eq(s3_exp),
+            s4_special.eq(s3_special), s4_special_val.eq(s3_special_val), s4_sign.eq(s3_sign),
+        ]
+
+        # Stage 4b: round and pack, as in the adder: the rounded significand (hidden bit
+        # included) added onto exp - 1.
+        rounded = s4_mant + s4_up
         mag = Signal(signed(exp_w + f.m + 2))
-        m.d.comb += mag.eq(((s3_exp - 1) << f.m) + rounded)
+        m.d.comb += mag.eq(((s4_exp - 1) << f.m) + rounded)
         overflow = mag[f.m:].as_signed() >= f.exp_max
-        with m.If(s3_special):
-            m.d.sync += self.o.eq(s3_special_val)
+        with m.If(s4_special):
+            m.d.sync += self.o.eq(s4_special_val)
         with m.Elif(overflow):
-            m.d.sync += self.o.eq(Cat(Const(0, f.m), Const(f.exp_max, f.e), s3_sign))
+            m.d.sync += self.o.eq(Cat(Const(0, f.m), Const(f.exp_max, f.e), s4_sign))
         with m.Else():
-            m.d.sync += self.o.eq(Cat(mag[:f.width - 1], s3_sign))
+            m.d.sync += self.o.eq(Cat(mag[:f.width - 1], s4_sign))
         return m

@@ -32,6 +32,9 @@ Messages must satisfy ``len < 2^23 * mtu`` (half the PSN space per message).
 
 from __future__ import annotations
 
+import operator
+from functools import reduce
+
 from amaranth.hdl import Cat, Const, Module, Mux, Signal
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
@@ -118,38 +121,56 @@ class Requester(wiring.Component):
                 m.d.sync += timer[i].eq(timer[i] + 1)
 
         # ---- issuer: one packet header + read request at a time -------------------------
+        # SELECT -> PICK (the QP's context into registers) -> CALC (packet index, offset,
+        # length, opcode into registers) -> BUILD -> EMIT. Eligibility is registered, a
+        # cycle old: at BUILD it is that of the CALC cycle, which has every change made
+        # before it; a control event (ACK/NAK, timeout, descriptor) during PICK/CALC may
+        # have changed the QP after that, so BUILD then gives up and the QP is selected
+        # again. (SELECT only uses it as a hint.)
         elig = Signal(nqp)
+        elig_r = Signal(nqp)
         for i in range(nqp):
             out_n = psn_sub(m, send[i], una[i], f"outstanding{i}")
             m.d.comb += elig[i].eq(active[i] & ~err[i] & (state[i] == QPState.RTS)
                                    & (send[i] != end[i]) & (out_n < self.window))
+        m.d.sync += elig_r.eq(elig)
+        can = elig_r
         s = Signal(range(max(nqp, 2)))
         sel = Signal(range(max(nqp, 2)))
-        c_send = pick(send, sel, 24, m, "c_send")
-        c_first = pick(first, sel, 24, m, "c_first")
-        c_end = pick(end, sel, 24, m, "c_end")
-        c_hi = pick(hi, sel, 24, m, "c_hi")
-        c_len = pick(length, sel, 32, m, "c_len")
-        c_laddr = pick(laddr, sel, 64, m, "c_laddr")
-        c_raddr = pick(raddr, sel, 64, m, "c_raddr")
-        c_rkey = pick(rkey, sel, 32, m, "c_rkey")
-        c_imm = pick(imm, sel, 32, m, "c_imm")
-        c_has_imm = pick(has_imm, sel, 1, m, "c_has_imm")
-        c_rqpn = pick([self.qp_ctl[i].remote_qpn.value[:24] for i in range(nqp)], sel, 24, m,
-                      "c_rqpn")
+        dirty = Signal()        # a control event since PICK
+        ctl_event = Signal()
+        pk = {}
+
+        def picked(values, width, name):
+            r = Signal(width, name=name)
+            pk[name] = (r, pick(values, sel, width, m, f"{name}_p"))
+            return r
+
+        c_send = picked(send, 24, "c_send")
+        c_first = picked(first, 24, "c_first")
+        c_end = picked(end, 24, "c_end")
+        c_hi = picked(hi, 24, "c_hi")
+        c_len = picked(length, 32, "c_len")
+        c_laddr = picked(laddr, 64, "c_laddr")
+        c_raddr = picked(raddr, 64, "c_raddr")
+        c_rkey = picked(rkey, 32, "c_rkey")
+        c_imm = picked(imm, 32, "c_imm")
+        c_has_imm = picked(has_imm, 1, "c_has_imm")
+        c_rqpn = picked([self.qp_ctl[i].remote_qpn.value[:24] for i in range(nqp)], 24,
+                        "c_rqpn")
         idx = psn_sub(m, c_send, c_first, "pkt_idx")
         off = Signal(24 + self.log2mtu)
         m.d.comb += off.eq(idx << self.log2mtu)
         rem = Signal(33)
         m.d.comb += rem.eq(c_len - off)
-        nbytes = Signal(range(self.mtu + 1))
-        m.d.comb += nbytes.eq(Mux(rem > self.mtu, self.mtu, rem))
-        is_first = idx == 0
-        nxt = Signal(24)
-        m.d.comb += nxt.eq(c_send + 1)
-        is_last = nxt == c_end
+        nbytes_c = Signal(range(self.mtu + 1))
+        m.d.comb += nbytes_c.eq(Mux(rem > self.mtu, self.mtu, rem))
+        nxt_c = Signal(24)
+        m.d.comb += nxt_c.eq(c_send + 1)
+        is_last_c = nxt_c == c_end
+        is_first_c = idx == 0
         opcode = Signal(8)
-        with m.Switch(Cat(is_last, is_first, c_has_imm)):
+        with m.Switch(Cat(is_last_c, is_first_c, c_has_imm)):
             for lst in (0, 1):
                 for fst in (0, 1):
                     for im in (0, 1):
@@ -165,7 +186,17 @@ class Requester(wiring.Component):
                         with m.Case(lst | fst << 1 | im << 2):
                             m.d.comb += opcode.eq(op)
         k = exact_log2(self.ackreq_every)
-        periodic = (idx[:k] == self.ackreq_every - 1) if k else Const(1)
+        periodic_c = (idx[:k] == self.ackreq_every - 1) if k else Const(1)
+        # CALC's registers: what BUILD puts in the header and the read request.
+        nbytes = Signal.like(nbytes_c)
+        nxt = Signal(24)
+        is_first, is_last, ackreq, retx = Signal(), Signal(), Signal(), Signal()
+        op_r = Signal(8)
+        rd_addr = Signal(64)
+        calc = [nbytes.eq(nbytes_c), nxt.eq(nxt_c), is_first.eq(is_first_c),
+                is_last.eq(is_last_c), ackreq.eq(is_last_c | periodic_c), op_r.eq(opcode),
+                rd_addr.eq(c_laddr + off),
+                retx.eq(behind(psn_sub(m, c_send, c_hi, "vs_hi")))]
 
         with m.If(self.hdr.ready):
             m.d.sync += self.hdr.valid.eq(0)
@@ -174,20 +205,28 @@ class Requester(wiring.Component):
         h = self.hdr.payload
         with m.FSM(name="issue"):
             with m.State("SELECT"):
-                m.d.sync += s.eq(Mux(s == nqp - 1, 0, s + 1))
-                with m.If(elig.bit_select(s, 1)):
+                m.d.sync += [s.eq(Mux(s == nqp - 1, 0, s + 1)), dirty.eq(0)]
+                with m.If(can.bit_select(s, 1)):
                     m.d.sync += sel.eq(s)
-                    m.next = "BUILD"
+                    m.next = "PICK"
+            with m.State("PICK"):
+                m.d.sync += [r.eq(v) for r, v in pk.values()]
+                m.d.sync += dirty.eq(ctl_event)
+                m.next = "CALC"
+            with m.State("CALC"):
+                m.d.sync += calc
+                m.d.sync += dirty.eq(dirty | ctl_event)
+                m.next = "BUILD"
             with m.State("BUILD"):
                 m.next = "SELECT"
-                with m.If(elig.bit_select(sel, 1)):
+                with m.If(can.bit_select(sel, 1) & ~dirty):
                     m.d.sync += [
                         self.hdr.valid.eq(1),
                         h.bth.eq(0),
-                        h.bth.opcode.eq(opcode),
+                        h.bth.opcode.eq(op_r),
                         h.bth.pkey.eq(0xFFFF),
                         h.bth.dqpn.eq(c_rqpn),
-                        h.bth.ackreq.eq(is_last | periodic),
+                        h.bth.ackreq.eq(ackreq),
                         h.bth.psn.eq(c_send),
                         h.reth.va.eq(c_raddr),
                         h.reth.rkey.eq(c_rkey),
@@ -200,16 +239,16 @@ class Requester(wiring.Component):
                         h.payload_len.eq(nbytes),
                         h.qp.eq(sel),
                         self.rd_req.valid.eq(nbytes != 0),
-                        self.rd_req.payload.addr.eq(c_laddr + off),
+                        self.rd_req.payload.addr.eq(rd_addr),
                         self.rd_req.payload.len.eq(nbytes),
                     ]
                     sat_inc(m, self.tx_packets)
+                    with m.If(retx):
+                        sat_inc(m, self.retransmits)
                     for i in range(nqp):
                         with m.If(sel == i):
                             m.d.sync += send[i].eq(nxt)
-                            with m.If(behind(psn_sub(m, c_send, c_hi, f"vs_hi{i}"))):
-                                sat_inc(m, self.retransmits)
-                            with m.Else():
+                            with m.If(~retx):
                                 m.d.sync += hi[i].eq(nxt)
                     m.next = "EMIT"
             with m.State("EMIT"), m.If((~self.hdr.valid | self.hdr.ready)
@@ -224,10 +263,12 @@ class Requester(wiring.Component):
                          self.data.payload.eq(self.rd_resp.payload)]
 
         # ---- control: one event per cycle (ACK/NAK, timeout, new descriptor) -----------
-        # An ACK takes two stages: ``a`` (as received) has its QP looked up (it reads only
-        # context software set before RTS) into ``b``; the control stage then picks that
-        # QP's una/end from flops. ACKs come at most once per packet, so the extra cycle
-        # costs no throughput.
+        # An ACK takes three stages: ``a`` (as received) has its QP looked up (it reads
+        # only context software set before RTS) into ``b``; for one cycle ``b`` only
+        # waits (the control does nothing else) while its PSN is compared with every
+        # QP's una/end into registers, which are then exact; the next cycle acts on the
+        # looked-up QP's flags. ACKs come at most once per packet, so the extra cycles
+        # cost no throughput.
         a = Signal(HDR)
         a_v = Signal()
         m.d.comb += self.ack.ready.eq(~a_v)
@@ -245,107 +286,161 @@ class Requester(wiring.Component):
         with m.If(a_v & ~b_v):
             m.d.sync += [b_v.eq(1), a_v.eq(0), hit.eq(a_hit), aq.eq(a_q),
                          p.eq(a.bth.psn), syndrome.eq(a.aeth.syndrome)]
-        a_una = pick(una, aq, 24, m, "a_una")
-        a_end = pick(end, aq, 24, m, "a_end")
-        a_active = pick(active, aq, 1, m, "a_active")
-        a_err = pick(err, aq, 1, m, "a_err")
-        d_una = psn_sub(m, p, a_una, "d_una")
-        d_end = psn_sub(m, p, a_end, "d_end")
-        in_window = ~behind(d_una) & behind(d_end)
-        kind = syndrome[5:7]
-        code = syndrome[:5]
+        b_old = Signal()        # b has waited its cycle: the flags below are its own
+        m.d.sync += b_old.eq(b_v)
         p1 = Signal(24)
         m.d.comb += p1.eq(p + 1)
+        kind = syndrome[5:7]
+        code = syndrome[:5]
+        is_ack = kind == AethKind.ACK
+        is_seq = (kind == AethKind.NAK) & (code == NakCode.PSN_SEQUENCE_ERROR)
+        is_fatal = (kind == AethKind.NAK) & (code != NakCode.PSN_SEQUENCE_ERROR)
+        # What the ACK will do, per QP (one-hot: only the looked-up QP's can be set),
+        # worked out in b's waiting cycle into registers from the QP's state then
+        # (the control changes none of it in that cycle): the acting cycle only ANDs a
+        # flop with the handshake.
+        acks, fins, seqs, seq_clrs, fatals = (Signal(nqp, name=n) for n in
+                                              ("acks", "fins", "seqs", "seq_clrs", "fatals"))
+        naks = Signal()         # a NAK for a live QP: counted
+        live_any = []
+        for i in range(nqp):
+            du = psn_sub(m, p, una[i], f"d_una{i}")
+            de = psn_sub(m, p, end[i], f"d_end{i}")
+            live = (aq == i) & hit & active[i] & ~err[i]
+            live_any.append(live)
+            win = ~behind(du) & behind(de)
+            m.d.sync += [acks[i].eq(live & is_ack & win),
+                         fins[i].eq(live & is_ack & win & (p1 == end[i])),
+                         seqs[i].eq(live & is_seq & win),
+                         seq_clrs[i].eq(live & is_seq & win & (du != 0)),
+                         fatals[i].eq(live & is_fatal)]
+        m.d.sync += naks.eq(Cat(*live_any).any() & (kind == AethKind.NAK))
 
         t = Signal(range(max(nqp, 2)))
         m.d.sync += t.eq(Mux(t == nqp - 1, 0, t + 1))
-        t_una = pick(una, t, 24, m, "t_una")
-        t_retries = pick(retries, t, 8, m, "t_retries")
 
-        dq = self.desc.payload.qp
-        dsc = self.desc.payload
-        d_ok = Signal()
-        d_busy = Signal()
-        d_next = pick(end, dq, 24, m, "d_next")
-        for i in range(nqp):
-            with m.If(dq == i):
-                m.d.comb += [d_ok.eq(~err[i] & (state[i] == QPState.RTS)), d_busy.eq(active[i])]
+        # The control addresses a QP through one-hot registers (the ACK's, the timer
+        # scan's, the descriptor's): a QP's flags are an AND-OR of flops and its
+        # registers' enables a single bit, not a decoder after an 8:1 mux.
+        def one_hot(index):
+            return Cat(*(index == i for i in range(nqp)))
+
+        def sel_hot(h, sigs, width, name):
+            out = Signal(width, name=name)
+            m.d.comb += out.eq(reduce(operator.or_,
+                                      (sig & h[i].replicate(width) for i, sig in enumerate(sigs))))
+            return out
+
+        t_hot = Signal(nqp, init=1)     # t's one-hot twin, kept in step with it
+        m.d.sync += t_hot.eq(Mux(t == nqp - 1, 1, t_hot << 1)[:nqp])
+        t_una = sel_hot(t_hot, una, 24, "t_una")
+        t_retries = sel_hot(t_hot, retries, 8, "t_retries")
+        t_expired = (t_hot & expired).any()
+
+        # A descriptor waits in a register stage, its QP one-hot; whether that QP can
+        # take it is looked at live each cycle, as before.
+        dsc = Signal.like(self.desc.payload)
+        dv = Signal()
+        dv_old = Signal()       # dv since last cycle: d_ok/d_busy below are its QP's
+        dq_hot = Signal(nqp)
+        dq_bad = Signal()
         npkts = Signal(24)
-        m.d.comb += npkts.eq(Mux(dsc.len == 0, 1,
-                                 (dsc.len + (self.mtu - 1)) >> self.log2mtu))
+        taken = Signal()        # the control is done with the descriptor
+        m.d.comb += self.desc.ready.eq(~dv)
+        with m.If(taken):
+            m.d.sync += dv.eq(0)
+        with m.If(self.desc.valid & ~dv):
+            dl = self.desc.payload.len
+            m.d.sync += [dv.eq(1), dsc.eq(self.desc.payload),
+                         dq_hot.eq(one_hot(self.desc.payload.qp)),
+                         dq_bad.eq(self.desc.payload.qp >= nqp),
+                         npkts.eq(Mux(dl == 0, 1, (dl + (self.mtu - 1)) >> self.log2mtu))]
+        dq = dsc.qp
+        # Registered, so a cycle old: a QP that just went idle is seen busy one more
+        # cycle; one that just failed went idle in the same cycle, so it is seen busy
+        # until its error shows. Nothing else makes a QP idle-and-ready.
+        d_ok, d_busy = Signal(), Signal()
+        m.d.sync += [dv_old.eq(dv & ~taken),
+                     d_ok.eq(~dq_bad & (dq_hot & Cat(*[~err[i] & (state[i] == QPState.RTS)
+                                                       for i in range(nqp)])).any()),
+                     d_busy.eq((dq_hot & Cat(*active)).any())]
+        d_next = sel_hot(dq_hot, end, 24, "d_next")
 
-        def on(sigs, index, value):
+        def on(sigs, h, value):
             for i, sig in enumerate(sigs):
-                with m.If(index == i):
+                with m.If(h[i]):
                     m.d.sync += sig.eq(value)
 
         def complete(qp, status):
             m.d.sync += [self.cmpl.valid.eq(1), self.cmpl.payload.qp.eq(qp),
                          self.cmpl.payload.status.eq(status)]
 
-        def restart(index):
+        def restart(h):
             for i in range(nqp):
-                with m.If(index == i):
+                with m.If(h[i]):
                     m.d.comb += kick[i].eq(1)
 
         retries_total = [self.qp_sts[i].retries.value for i in range(nqp)]
+        # Anything the control may change of a QP (for the issuer's PICK/CALC, see above).
+        m.d.comb += ctl_event.eq(~self.cmpl.valid & ((b_v & b_old) | (~b_v & t_expired))
+                                 | taken)
         with m.If(~self.cmpl.valid):
-            with m.If(b_v):
+            with m.If(b_v & ~b_old):
+                pass
+            with m.Elif(b_v):
                 m.d.sync += b_v.eq(0)
                 with m.If(~hit):
                     sat_inc(m, self.bad_qpn)
-                with m.Elif(a_active & ~a_err):
-                    with m.If((kind == AethKind.ACK) & in_window):
-                        on(una, aq, p1)
-                        on(retries, aq, 0)
-                        restart(aq)
-                        with m.If(p1 == a_end):
-                            on(active, aq, 0)
-                            complete(aq, Status.OK)
-                    with m.Elif((kind == AethKind.NAK) & (code == NakCode.PSN_SEQUENCE_ERROR)):
-                        sat_inc(m, self.naks_rx)
-                        with m.If(in_window):
-                            on(una, aq, p)
-                            on(send, aq, p)
-                            restart(aq)
-                            with m.If(d_una != 0):
-                                on(retries, aq, 0)
-                    with m.Elif(kind == AethKind.NAK):
-                        sat_inc(m, self.naks_rx)
-                        on(err, aq, 1)
-                        on(active, aq, 0)
-                        complete(aq, Status.REMOTE_ACCESS)
-            with m.Elif(expired.bit_select(t, 1)):
+                with m.If(naks):
+                    sat_inc(m, self.naks_rx)
+                # ACK in the window: acknowledged up to p, done when that is the end.
+                on(una, acks, p1)
+                on(retries, acks, 0)
+                restart(acks)
+                on(active, fins, 0)
+                with m.If(fins.any()):
+                    complete(aq, Status.OK)
+                # NAK PSN-sequence-error in the window: go back to p.
+                on(una, seqs, p)
+                on(send, seqs, p)
+                restart(seqs)
+                on(retries, seq_clrs, 0)
+                # Any other NAK: the QP fails.
+                on(err, fatals, 1)
+                on(active, fatals, 0)
+                with m.If(fatals.any()):
+                    complete(aq, Status.REMOTE_ACCESS)
+            with m.Elif(t_expired):
                 with m.If(t_retries >= self.max_retries):
-                    on(err, t, 1)
-                    on(active, t, 0)
+                    on(err, t_hot, 1)
+                    on(active, t_hot, 0)
                     complete(t, Status.RETRY_EXCEEDED)
                 with m.Else():
                     sat_inc(m, self.timeouts)
-                    on(retries, t, t_retries + 1)
-                    on(send, t, t_una)
-                    restart(t)
+                    on(retries, t_hot, t_retries + 1)
+                    on(send, t_hot, t_una)
+                    restart(t_hot)
                 for i in range(nqp):
-                    with m.If(t == i):
+                    with m.If(t_hot[i]):
                         sat_inc(m, retries_total[i])
-            with m.Elif(self.desc.valid):
-                with m.If((dq >= nqp) | ~d_ok):
-                    m.d.comb += self.desc.ready.eq(1)
+            with m.Elif(dv & dv_old):
+                with m.If(~d_ok):
+                    m.d.comb += taken.eq(1)
                     complete(dq, Status.FLUSHED)
                 with m.Elif(~d_busy):
-                    m.d.comb += self.desc.ready.eq(1)
-                    on(active, dq, 1)
-                    on(laddr, dq, dsc.laddr)
-                    on(raddr, dq, dsc.raddr)
-                    on(rkey, dq, dsc.rkey)
-                    on(length, dq, dsc.len)
-                    on(imm, dq, dsc.imm)
-                    on(has_imm, dq, dsc.has_imm)
+                    m.d.comb += taken.eq(1)
+                    on(active, dq_hot, 1)
+                    on(laddr, dq_hot, dsc.laddr)
+                    on(raddr, dq_hot, dsc.raddr)
+                    on(rkey, dq_hot, dsc.rkey)
+                    on(length, dq_hot, dsc.len)
+                    on(imm, dq_hot, dsc.imm)
+                    on(has_imm, dq_hot, dsc.has_imm)
                     for sigs in (first, send, una, hi):
-                        on(sigs, dq, d_next)
-                    on(end, dq, d_next + npkts)
-                    on(retries, dq, 0)
-                    restart(dq)
+                        on(sigs, dq_hot, d_next)
+                    on(end, dq_hot, d_next + npkts)
+                    on(retries, dq_hot, 0)
+                    restart(dq_hot)
 
         for i in range(nqp):
             # Software owns the context until it moves the QP to RTS (last: it wins).

@@ -160,30 +160,38 @@ class Responder(wiring.Component):
 
         # Header stage: one header waits here, with its QP and region lookups computed
         # from flops, while the previous packet's payload still streams.
+        # The lookups are registered: a header is taken no sooner than the cycle after
+        # the one it arrived in (``hq_new``), when they are its own. They read software's
+        # context, which thus takes effect a cycle later than it did.
         hq = Signal(HDR)
         hq_v = Signal()
+        hq_new = Signal()
         take = Signal()
         m.d.comb += self.hdr.ready.eq(~hq_v | take)
         with m.If(take):
             m.d.sync += hq_v.eq(0)
+        m.d.sync += hq_new.eq(self.hdr.valid & self.hdr.ready)
         with m.If(self.hdr.valid & self.hdr.ready):
             m.d.sync += [hq.eq(self.hdr.payload), hq_v.eq(1)]
 
-        hit, idx = qp_lookup(m, self.qp_ctl, nqp, hq.bth.dqpn, QPState.RTR, "rx_qp")
+        hit_c, idx_c = qp_lookup(m, self.qp_ctl, nqp, hq.bth.dqpn, QPState.RTR, "rx_qp")
+        hit, idx = Signal(), Signal.like(idx_c)
+        m.d.sync += [hit.eq(hit_c), idx.eq(idx_c)]
         k_hit, k_right, k_bound = Signal(nmr), Signal(nmr), Signal(nmr)
         for j in range(nmr):
             mr = self.mr_ctl[j]
             base = Cat(mr.base_lo.value, mr.base_hi.value)
-            m.d.comb += [
+            m.d.sync += [
                 k_hit[j].eq((mr.key.value == hq.reth.rkey) & (mr.length.value != 0)),
                 k_right[j].eq(mr.access.remote_write),
                 k_bound[j].eq((hq.reth.va >= base)
                               & (hq.reth.va + hq.reth.dlen <= base + mr.length.value)),
             ]
-        first_key = Signal(range(max(nmr, 2)))
-        for j in reversed(range(nmr)):
-            with m.If(k_hit[j]):
-                m.d.comb += first_key.eq(j)
+        # The first region whose key matches, one-hot: its rights and bounds are an
+        # AND-OR of flops rather than a mux indexed by an encoded priority.
+        first_hot = Signal(nmr)
+        for j in range(nmr):
+            m.d.comb += first_hot[j].eq(k_hit[j] & ~k_hit[:j].any() if j else k_hit[j])
 
         h = Signal(HDR)
         q_hit, q = Signal(), Signal(range(max(nqp, 2)))
@@ -193,11 +201,11 @@ class Responder(wiring.Component):
             """Move the waiting header (if any) into the check stage; returns nothing,
             sets the next state."""
             m.next = "IDLE"
-            with m.If(hq_v):
+            with m.If(hq_v & ~hq_new):
                 m.d.comb += take.eq(1)
                 m.d.sync += [h.eq(hq), q_hit.eq(hit), q.eq(idx), key_ok.eq(k_hit.any()),
-                             right_ok.eq(k_right.bit_select(first_key, 1)),
-                             bound_ok.eq(k_bound.bit_select(first_key, 1))]
+                             right_ok.eq((first_hot & k_right).any()),
+                             bound_ok.eq((first_hot & k_bound).any())]
                 m.next = "PICK"
 
         opcode = h.bth.opcode
@@ -277,7 +285,11 @@ class Responder(wiring.Component):
                 m.d.sync += [
                     dup.eq(behind(d)), ooo.eq(d != 0),
                     rem.eq(p_rem), va.eq(Mux(is_first, h.reth.va, picked["va"])),
-                    len_bad.eq((n > p_rem) | (is_end & (n != p_rem))),
+                    # Both candidates' tests side by side, then the pick (not the
+                    # pick, then a 32-bit compare).
+                    len_bad.eq(Mux(is_first,
+                                   (n > h.reth.dlen) | (is_end & (n != h.reth.dlen)),
+                                   (n > picked["rem"]) | (is_end & (n != picked["rem"])))),
                 ]
                 m.next = "CHECK"
 

@@ -92,6 +92,7 @@ def run(descs, peer, *, npsn=0, timeout=400, max_retries=3, cycles=1500):
         state["error"] = ctx.get(dut.qp_error)
         state["retries"] = ctx.get(dut.qp_sts[1].retries.value)
         state["retransmits"] = ctx.get(dut.retransmits)
+        state["timeouts"] = ctx.get(dut.timeouts)
 
     sim = Simulator(dut)
     sim.add_clock(1e-8)
@@ -155,6 +156,8 @@ def test_nak_sequence_error_goes_back_n():
     for h, p in pkts:
         assert by_psn.setdefault(h["bth"]["psn"], p) == p
     assert cmpls == [(1, Status.OK)] and stats["retransmits"] >= 3
+    # The NAK itself rewound the send pointer: no timeout was needed.
+    assert stats["timeouts"] == 0
 
 
 def test_timeout_rewinds_then_retry_limit_fails():
