@@ -165,3 +165,35 @@ def test_float_mul_subnormal_operands(dtype):
         rng.integers(0, 1 << m, n, dtype=np.uint64)
     b = np.where(rng.integers(0, 8, n) == 0, rng.integers(1, 1 << m, n, dtype=np.uint64), b)
     check(dtype, ReduceOp.PROD, a, b, run_lane(FloatMul(fmt_of(dtype)), a, b))
+
+
+@pytest.mark.parametrize("dtype", [DType.FLOAT32, DType.FLOAT64], ids=lambda d: d.name.lower())
+def test_float_mul_subnormal_rounding_hangs_on_a_bit_the_byte_shift_drops(dtype):
+    """Subnormal products that are exactly halfway between two results but for set bits
+    below ``amt & ~7`` of the 2p-bit product register (amt: the subnormal right shift):
+    the whole-byte shift stage drops those bits, so only its sticky bit makes
+    round-to-nearest-even go up. Built by solving sa * sb = guard bit + L modulo
+    2**(p + 1 + amt) for sb, with L odd and below the byte boundary."""
+    e, m = dtype.info.exp_bits, dtype.info.frac_bits
+    p, bias = m + 1, (1 << (e - 1)) - 1
+    rng = np.random.default_rng(11)
+    a, b = [], []
+    for amt in range(8, 17):
+        mod = 1 << (p + 1 + amt)
+        for _ in range(1 << 20):
+            sa = int(rng.integers(1 << (p - 1), 1 << p)) | 1
+            low = int(rng.integers(1, 1 << (amt & ~7))) | 1
+            sb = ((low + (1 << (p - 1 + amt))) * pow(sa, -1, mod)) % mod
+            if (1 << (p - 1)) <= sb < (1 << p) and sa * sb >= 1 << (2 * p - 1):
+                break
+        else:
+            raise AssertionError(f"no operands for a {amt}-bit shift")
+        for sign in (0, 1):  # exponents: the product's biased exponent is 1 - amt
+            a.append((sign << (e + m)) | (1 << m) | (sa - (1 << m)))
+            b.append(((bias - 1 - amt) << m) | (sb - (1 << m)))
+    a = np.array(a, dtype=np.uint64)
+    b = np.array(b, dtype=np.uint64)
+    nt, u = dtype.numpy_dtype(), np.dtype(f"uint{dtype.bits}")
+    want = reduce_reference(dtype, ReduceOp.PROD, a.astype(u).view(nt), b.astype(u).view(nt))
+    assert np.all(want.view(u) & 1 == 1)  # rounded up from an even significand
+    check(dtype, ReduceOp.PROD, a, b, run_lane(FloatMul(fmt_of(dtype)), a, b))
