@@ -530,8 +530,7 @@ class Engine:
         done = sum(self._rxmeta[0, j:j + whole].tolist()) // seg
         return whole, taken - done
 
-    def _middle_run(self, run: np.ndarray, seg: int, k: int, src: int, sport: int,
-                    addr: int = 0) -> int:
+    def _middle_run(self, run: np.ndarray, seg: int, k: int, src: int, sport: int) -> int:
         """Take the leading datagrams of ``k`` coalesced ones of ``seg`` bytes at once as
         far as they are the next in-order RDMA WRITE MIDDLE packets of one QP with good
         ICRCs (the steady state of a large transfer); returns how many it took. The rest,
@@ -544,7 +543,7 @@ class Engine:
         if qp is None:
             return 0
         seed = wire.icrc_seed(src, qp.src_ip, sport, self.addr[1], 8 + seg)
-        took = qp.on_middle_run(run.reshape(k, seg), seed, addr)
+        took = qp.on_middle_run(run.reshape(k, seg), seed)
         self.stats["rx_packets"] += took
         self.stats["rx_coalesced"] += took
         return took

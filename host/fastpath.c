@@ -74,8 +74,8 @@ uint32_t fp_seal_rows(uint8_t *rows, uint32_t k, uint32_t seg, const uint8_t *he
  * leading ones whose first 8 bytes equal `head`, whose PSN word (AckReq masked off) is
  * (epsn + i) & psn_mask, and whose ICRC is crc(state, dgram[8:seg-4]); copy each taken
  * one's payload (bytes [bth_len, seg - 4)) to dst + i * payload. A datagram that fails
- * a check is not copied, and neither is any after it. Returns how many were taken;
- * *ackreq gets the OR of their PSN words' AckReq bits. */
+ * a check is not copied, and neither is any after it. Returns how many were taken,
+ * and ORs their PSN words' AckReq bits into *ackreq. */
 static uint32_t take_run(const uint8_t *buf, uint32_t k, uint32_t seg, const uint8_t *head,
                          uint32_t bth_len, uint32_t epsn, uint32_t psn_mask,
                          uint32_t ackreq_bit, uint32_t state, crc_fn crc, uint8_t *dst,
@@ -95,18 +95,10 @@ static uint32_t take_run(const uint8_t *buf, uint32_t k, uint32_t seg, const uin
     return i;
 }
 
-uint32_t fp_take_middles(const uint8_t *buf, uint32_t k, uint32_t seg, uint32_t bth_len,
-                         uint32_t epsn, uint32_t psn_mask, uint32_t ackreq_bit,
-                         uint32_t state, crc_fn crc, uint8_t *dst, uint32_t *ackreq) {
-    *ackreq = 0;
-    return take_run(buf, k, seg, buf, bth_len, epsn, psn_mask, ackreq_bit, state, crc, dst,
-                    ackreq);
-}
-
-/* fp_take_middles over the received runs j0, j0 + 1, ... of a recv batch (run j at
+/* take_run over the received runs j0, j0 + 1, ... of a recv batch (run j at
  * buf + j * slot, lens/segs/addrs/ports as fp_recv_batch left them): each run must hold
  * whole seg-byte datagrams from run j0's source, and its datagrams must pass
- * fp_take_middles' checks against run j0's first 8 bytes, PSNs continuing from run to
+ * take_run's checks against run j0's first 8 bytes, PSNs continuing from run to
  * run; at most `room` datagrams in all. Stops at the first datagram that fails.
  * Returns the datagrams taken; *whole gets how many runs were taken entirely (the run
  * after them, if any, had its first (return - their datagrams) taken). */

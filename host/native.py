@@ -65,10 +65,6 @@ class Fastpath:
         self.seal_rows.argtypes = [_u8p, _u32, _u32, ctypes.c_char_p, _u32, _u32, _u32, _u32,
                                    _u32, _u32, ctypes.c_void_p]
         self.seal_rows.restype = _u32
-        self.take_middles = lib.fp_take_middles
-        self.take_middles.argtypes = [_u8p, _u32, _u32, _u32, _u32, _u32, _u32, _u32,
-                                      ctypes.c_void_p, _u8p, ctypes.POINTER(_u32)]
-        self.take_middles.restype = _u32
         self.take_runs = lib.fp_take_runs
         self.take_runs.argtypes = [_u8p, _u32, _u32, _u32, _u8p, _u8p, _u8p, _u8p, _u32, _u32,
                                    _u32, _u32, _u32, _u32, ctypes.c_void_p, _u8p,

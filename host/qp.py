@@ -653,14 +653,15 @@ class QueuePair:
                     eng.arrivals_dirty = True
             self.w_off = -1
 
-    def on_middle_run(self, rows: np.ndarray, seed: int, addr: int = 0) -> int:
+    def on_middle_run(self, rows: np.ndarray, seed: int) -> int:
         """``rows``: k coalesced datagrams of equal size (one per row, contiguous), the
-        first an RDMA WRITE MIDDLE to this QP; ``addr``: their address, for the C path
-        (0: Python). Take the leading ones that are MIDDLEs with the first one's BTH
-        flags, P_Key and QPN, are the next PSNs of the WRITE in progress, fit it and carry
-        a good ICRC: write their payloads, with the effect of :meth:`on_write` on each in
-        turn, and return how many were taken. The first that fails any check, and all
-        after it, are left to :meth:`on_write`: nothing of theirs is written here."""
+        first an RDMA WRITE MIDDLE to this QP (the Python path; the C one is
+        :meth:`on_middle_runs`). Take the leading ones that are MIDDLEs with the first
+        one's BTH flags, P_Key and QPN, are the next PSNs of the WRITE in progress, fit it
+        and carry a good ICRC: write their payloads, with the effect of :meth:`on_write`
+        on each in turn, and return how many were taken. The first that fails any check,
+        and all after it, are left to :meth:`on_write`: nothing of theirs is written
+        here."""
         if self.w_off < 0 or wire.MASK_W2:
             return 0
         k, seg = rows.shape
@@ -672,15 +673,7 @@ class QueuePair:
         # CRC state after the masked first 8 BTH bytes; the PSN word is covered unmasked
         # and lies right before the payload, so one CRC call per packet covers both.
         state = _middle_state(seed, dqpn & 0xFFFFFF)
-        start = self.w_off + self.w_done
-        fp = self.fastpath
-        if addr and fp is not None and start + k * pay <= self.w_mr.buf.size:
-            m = fp.take_middles(addr, k, seg, wire.BTH_LEN, self.epsn, wire.PSN_MASK,
-                                wire.ACKREQ, state, fp.crc, self.w_mr.va + start,
-                                self._ackreq_ref)
-            ackreq = self._ackreq.value
-        else:
-            m, ackreq = self._take_middles(rows[:k], state, start, pay)
+        m, ackreq = self._take_middles(rows[:k], state, self.w_off + self.w_done, pay)
         if not m:
             return 0
         self.w_done += m * pay
@@ -717,8 +710,8 @@ class QueuePair:
 
     def _take_middles(self, rows: np.ndarray, state: int, start: int,
                       pay: int) -> tuple[int, int]:
-        """The Python path of :meth:`on_middle_run` (``fp_take_middles`` in C): checks,
-        the payload copy, and (taken, OR of the AckReq bits)."""
+        """:meth:`on_middle_run`'s checks and payload copy (``take_run`` in C does the
+        same for :meth:`on_middle_runs`): (taken, OR of the AckReq bits)."""
         k, seg = rows.shape
         view = memoryview(rows).cast("B")
         crc32 = wire.crc32
