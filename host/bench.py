@@ -83,7 +83,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-d", "--datatype", default="float32", choices=sorted(DTYPES))
     p.add_argument("-o", "--op", default="sum", choices=sorted(OPS))
     p.add_argument("-r", "--root", type=int, default=0)
-    p.add_argument("--algo", default=None, help="force an algorithm (ring, rhd, tree, chain)")
+    p.add_argument("--algo", default=None, help="force an algorithm (ring, rhd, rd, tree, chain)")
     p.add_argument("--mtu", type=int, default=4096)
     p.add_argument("--json", default=None, help="write the results as JSON to this file")
     p.add_argument("--backend", default="software", choices=("software", "sim"),

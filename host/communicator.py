@@ -47,7 +47,7 @@ from .pcap import PcapWriter
 from .rendezvous import exchange
 
 ALGOS = {
-    "allreduce": ("ring", "rhd", "tree"),
+    "allreduce": ("ring", "rhd", "rd", "tree"),
     "reduce": ("chain", "tree"),
     "broadcast": ("tree", "chain"),
     "reduce_scatter": ("ring",),
@@ -55,8 +55,15 @@ ALGOS = {
     "alltoall": ("direct",),
     "alltoallv": ("direct",),
 }
+RD_MAX_BYTES = 16 << 10
+"""allreduce: recursive doubling up to here (fewest steps), then halving-doubling."""
 RHD_MAX_BYTES = 1 << 20
 """allreduce: recursive halving-doubling up to here (latency), ring beyond (bandwidth)."""
+_ALLREDUCE_PROGRAMS = {"ring": lib.ring_allreduce, "rhd": lib.rhd_allreduce,
+                       "rd": lib.rd_allreduce}
+BIND_MIN_BYTES = 64 << 10
+"""allreduce: results larger than this are written straight into the caller's array
+(bound over the region's OUT); below it, copying OUT out is cheaper than the binding."""
 CHAIN_SEGMENT_BYTES = 64 * 1024
 """chain broadcast/reduce: pipeline segments of about this size (4 to 64 of them)."""
 
@@ -359,7 +366,8 @@ class Communicator:
                                      f"{s.array.size}")
         ufunc = resolve_op(op, s.array.dtype)
         nbytes = s.array.nbytes
-        algo = self._algo("allreduce", algo, "rhd" if nbytes <= RHD_MAX_BYTES else "ring")
+        algo = self._algo("allreduce", algo, "rd" if nbytes <= RD_MAX_BYTES else
+                          "rhd" if nbytes <= RHD_MAX_BYTES else "ring")
         result = self._out(r, sendbuf if inplace else recvbuf)
         work = r.array
         sa = s.array
@@ -372,7 +380,7 @@ class Communicator:
                 yield from alg.allreduce_tree(ctx, work, ufunc)
 
             return self._submit("allreduce", program(), result, [s, r], async_op)
-        gen = lib.ring_allreduce if algo == "ring" else lib.rhd_allreduce
+        gen = _ALLREDUCE_PROGRAMS[algo]
         prog = _library(gen, self.rank, self.world_size)
 
         def put_out(out: np.ndarray, lo: int, hi: int) -> None:
@@ -380,7 +388,8 @@ class Communicator:
 
         return self._program("allreduce", prog, m=sa.size, blocks=1, dt=sa.dtype, op=op,
                              get_in=lambda lo, hi: sa[lo:hi], put_out=put_out, result=result,
-                             keep=[s, r], async_op=async_op, out=work)
+                             keep=[s, r], async_op=async_op,
+                             out=work if nbytes > BIND_MIN_BYTES else None)
 
     def reduce(self, sendbuf: Any, recvbuf: Any = None, op: str = "sum", root: int = 0, *,
                algo: str | None = None, async_op: bool = False) -> Any:

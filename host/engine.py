@@ -66,6 +66,35 @@ SOFTWARE_WINDOW_BYTES = 1 << 20
 socket buffer, and on a shared CPU a descheduled receiver then stalls its sender less."""
 
 
+class Latch:
+    """A one-shot event for one setter (the engine thread) and any waiters: a lock held
+    until set. ``threading.Event`` builds a Condition and a fresh lock on every wait; a
+    small collective pays for both twice, a bare lock costs one futex each side."""
+
+    __slots__ = ("_lock", "_set")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._lock.acquire()
+        self._set = False
+
+    def set(self) -> None:
+        if not self._set:
+            self._set = True
+            self._lock.release()
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def wait(self, timeout: float | None = None) -> bool:
+        if self._set:
+            return True
+        if self._lock.acquire(timeout=-1 if timeout is None else max(timeout, 0.0)):
+            self._lock.release()  # the next waiter gets through too
+            return True
+        return self._set
+
+
 class Job:
     """One submitted program; the host waits on it."""
 
@@ -73,7 +102,7 @@ class Job:
         self.name = name
         self.program = program
         self.deadline_s = deadline_s
-        self.event = threading.Event()
+        self.event = Latch()
         self.error: BaseException | None = None
         self.started = 0.0
         self.waiting: list[Completion] = []

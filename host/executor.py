@@ -160,7 +160,9 @@ def reduce_into(dtype: DType, op: ReduceOp, a: np.ndarray, b: np.ndarray,
         if out.dtype.kind == "f" and out.size > _BLOCK_BYTES // out.itemsize:
             _reduce_blocks(dtype, _UFUNC[op], a, b, out)
             return
-        if out.dtype.kind == "f" and not _has_nan(a) and not _has_nan(b):
+        if out.dtype.kind == "f" and out.size > _SMALL:
+            if _has_nan(a) or _has_nan(b):
+                return _reduce_with_nans(dtype, _UFUNC[op], a, b, out)
             # NaN-free inputs (the usual case): straight into ``out``, no temporaries. A
             # NaN can then only come from inf - inf or 0 * inf, and the reference makes
             # every such one its default NaN whatever a and b were, so zeros stand in
@@ -172,13 +174,22 @@ def reduce_into(dtype: DType, op: ReduceOp, a: np.ndarray, b: np.ndarray,
                 r = out[nan]
                 out[nan] = nan_fixup(dtype, np.zeros_like(r), np.zeros_like(r), r)
             return
-        with np.errstate(all="ignore"):
-            r = _UFUNC[op](a, b)
-        if np.isnan(r).any():
-            r = nan_fixup(dtype, a, b, r)
-        out[...] = r
+        # Small vectors: one NaN test of a temporary result beats testing both inputs.
+        _reduce_with_nans(dtype, _UFUNC[op], a, b, out)
         return
     out[...] = reduce_reference(dtype, op, a, b)
+
+
+_SMALL = 4096  # elements
+
+
+def _reduce_with_nans(dtype: DType, ufunc: np.ufunc, a: np.ndarray, b: np.ndarray,
+                      out: np.ndarray) -> None:
+    with np.errstate(all="ignore"):
+        r = ufunc(a, b)
+    if np.isnan(r).any():
+        r = nan_fixup(dtype, a, b, r)
+    out[...] = r
 
 
 _BLOCK_BYTES = 256 << 10  # a, b and the scratch block fit a 1 MiB L2 together

@@ -230,6 +230,72 @@ def rhd_allreduce(rank: int, world: int) -> list[Instr]:
     return [*prog, DONE]
 
 
+def rd_allreduce(rank: int, world: int) -> list[Instr]:
+    """Recursive doubling: log2(world) steps, each exchanging the whole vector with one
+    partner and reducing it in. Half the steps of :func:`rhd_allreduce` for twice its
+    bytes on the wire: the small-message choice, where a step costs its latency.
+
+    Every rank computes its own result, so results agree bit for bit only if both
+    partners of a step compute the same thing: each puts the lower virtual rank's
+    vector first (the reference's NaN rule keeps the first operand's payload, so the
+    operation is not commutative in general). A partner's vector lands in scratch, and
+    the higher partner reduces ``op(scratch, OUT)`` into OUT rather than
+    ``op(OUT, scratch)``.
+
+    OUT is set from IN first: every step's SEND reads all of OUT while its reduction
+    writes all of OUT (the engine holds the write until the peer acknowledged, see the
+    ISA's ordering rules); starting from IN instead would let a go-back-N re-read of IN
+    see the reduction's result when the caller runs in place (IN and OUT one address).
+
+    A world that is not a power of two folds first, as :func:`rhd_allreduce` does.
+    Landings alternate between TMP and TMP2 in the order a rank reduces them, so the
+    grant for its third landing waits until the first one has been reduced.
+    """
+    p = 1 << (world.bit_length() - 1)
+    rem = world - p
+    steps = p.bit_length() - 1
+    final_step = steps + 1
+    prog = _setup(1)
+    if world == 1:
+        return [*prog, DONE]
+
+    def folds_in(r: int) -> bool:  # an odd rank of the fold: its first landing is the fold
+        return r < 2 * rem and r % 2 == 1
+
+    def landing(r: int, k: int) -> Buf:  # where rank r reduces doubling step k from
+        return TMP if (k + folds_in(r)) % 2 == 0 else TMP2
+
+    if rank < 2 * rem and rank % 2 == 0:
+        prog.append(_send(rank + 1, 0, 0, TMP, src=OUT))
+        prog.append(_grant(rank + 1, final_step))
+        prog.append(_recv(rank + 1, 0, final_step))
+        return [*prog, DONE]
+
+    def real(n: int) -> int:
+        return 2 * n + 1 if n < rem else n + rem
+
+    nr = rank // 2 if rank < 2 * rem else rank - rem
+    # (peer, step, landing, this rank's vector goes first) in the order reduced
+    reductions = []
+    if folds_in(rank):
+        reductions.append((rank - 1, 0, TMP, False))
+    reductions += [(real(nr ^ (1 << k)), 1 + k, landing(rank, k), nr & (1 << k) == 0)
+                   for k in range(steps)]
+    prog += [_grant(peer, st) for peer, st, _, _ in reductions[:2]]
+    for j, (peer, st, land, first) in enumerate(reductions):
+        if st:  # a doubling step sends before it reduces; the fold only receives
+            k = st - 1
+            prog.append(_send(peer, 0, st, landing(peer, k), src=OUT))
+        src, scratch = (OUT, land) if first else (land, OUT)
+        prog.append(Instr(SeqOp.RECV_REDUCE, buf=OUT, src=src, rbuf=scratch, peer=peer,
+                          chunk=0, count=1, xchunk=0, step=st))
+        if j + 2 < len(reductions):  # that landing is free again: grant the next one
+            prog.append(_grant(reductions[j + 2][0], reductions[j + 2][1]))
+    if folds_in(rank):
+        prog.append(_send(rank - 1, 0, final_step, OUT))
+    return [*prog, DONE]
+
+
 def alltoall(rank: int, world: int) -> list[Instr]:
     """Pairwise exchange: step s sends to rank+s and receives from rank-s. The element
     count must be a multiple of ``world`` (one equal block per peer)."""
@@ -272,6 +338,7 @@ def hierarchical_allreduce(rank: int, world: int, rows: int) -> list[Instr]:
 LIBRARY = {
     "ring_allreduce": ring_allreduce,
     "rhd_allreduce": rhd_allreduce,
+    "rd_allreduce": rd_allreduce,
     "ring_reduce_scatter": ring_reduce_scatter,
     "ring_allgather": ring_allgather,
     "chain_broadcast": chain_broadcast,

@@ -87,6 +87,7 @@ async def collectives_on_the_cluster(dut):
         ("ring_allreduce", lambda r: P.ring_allreduce(r, world, pieces), DType.INT32,
          np.int32),
         ("rhd_allreduce", lambda r: P.rhd_allreduce(r, world), DType.FLOAT32, np.float32),
+        ("rd_allreduce", lambda r: P.rd_allreduce(r, world), DType.FLOAT32, np.float32),
         ("chain_broadcast", lambda r: P.chain_broadcast(r, world, 1 % world), DType.INT32,
          np.int32),
         ("alltoall", lambda r: P.alltoall(r, world), DType.INT32, np.int32),

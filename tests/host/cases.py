@@ -74,7 +74,7 @@ def run_all(comm: Any, seed: int, big: bool = False) -> dict[str, Any]:
                 count = 70_000  # several ring slots, multi-packet messages
             xs = inputs(seed + case, p, count, dtype)
             want = reference(xs, op)
-            algo = ("ring", "rhd", "tree")[case % 3]
+            algo = ("ring", "rhd", "rd", "tree")[case // 2 % 4]  # each in and out of place
             inplace = case % 2 == 0
             buf = xs[r].copy()
             out = comm.allreduce(buf, None if inplace else np.empty_like(buf), op, algo=algo)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 import struct
+import threading
 import time
 
 import numpy as np
@@ -11,7 +12,7 @@ import pytest
 
 from fpgaccl.errors import RemoteAccessError
 from fpgaccl.host import native, wire
-from fpgaccl.host.engine import Engine
+from fpgaccl.host.engine import Engine, Latch
 from fpgaccl.host.layers import dissect
 from fpgaccl.host.pcap import frame
 from fpgaccl.proto import build_frame, parse_frame
@@ -462,3 +463,17 @@ def test_deferred_acks_arrive_without_further_traffic() -> None:
         assert r["ok"] and r["delay"] > 0
         assert r["outstanding"] == 0 and r["timeouts"] == 0, r
         assert r["window"] == 256  # 1 MiB of 4096-byte packets: software peers only
+
+
+def test_job_latch_releases_every_waiter_once_set() -> None:
+    latch = Latch()
+    assert not latch.wait(0.01) and not latch.wait(-1.0) and not latch.is_set()
+    woke: list[bool] = []
+    waiters = [threading.Thread(target=lambda: woke.append(latch.wait(5))) for _ in range(3)]
+    for t in waiters:
+        t.start()
+    latch.set()
+    latch.set()  # the engine may complete a job twice (error then done): harmless
+    for t in waiters:
+        t.join(5)
+    assert woke == [True, True, True] and latch.is_set() and latch.wait(0)

@@ -25,7 +25,8 @@ def test_collectives_survive_frame_loss(cluster):
     sim, params = cluster
     run(sim, "fpgaccl.sim.benches.cluster",
         params={**params, "count": 3000, "loss": 1311,   # 2% of frames
-                "cases": ["ring_allreduce", "rhd_allreduce"], "expect_drops": True},
+                "cases": ["ring_allreduce", "rhd_allreduce", "rd_allreduce"],
+                "expect_drops": True},
         test_dir=sim.build_dir / "run_lossy")
 
 

@@ -10,6 +10,7 @@ from fpgaccl.proto.reduce import DType, ReduceOp, reduce_reference
 from fpgaccl.sim.models.sequencer import ProgramError, SequencerModel
 
 WORLDS = [1, 2, 3, 4, 5, 8]
+ALLREDUCES = ["ring_allreduce", "rhd_allreduce", "rd_allreduce"]
 SEEDS = range(4)
 
 
@@ -24,7 +25,7 @@ def _run(progs, xs, dtype=DType.INT32, op=ReduceOp.SUM, seed=0):
     return SequencerModel(progs, xs, dtype, op, seed=seed).run()
 
 
-@pytest.mark.parametrize("name", ["ring_allreduce", "rhd_allreduce"])
+@pytest.mark.parametrize("name", ALLREDUCES)
 @pytest.mark.parametrize("world", WORLDS)
 @pytest.mark.parametrize("n", [1, 7, 64])
 def test_allreduce_programs(name, world, n):
@@ -53,7 +54,7 @@ def test_pipelined_ring_needs_a_piece():
         P.ring_allreduce(0, 4, 0)
 
 
-@pytest.mark.parametrize("name", ["ring_allreduce", "rhd_allreduce"])
+@pytest.mark.parametrize("name", ALLREDUCES)
 @pytest.mark.parametrize("op", [ReduceOp.MAX, ReduceOp.BXOR, ReduceOp.PROD])
 def test_allreduce_other_ops(name, op):
     world, n = 5, 33
@@ -65,7 +66,7 @@ def test_allreduce_other_ops(name, op):
         np.testing.assert_array_equal(o, want)
 
 
-@pytest.mark.parametrize("name", ["ring_allreduce", "rhd_allreduce"])
+@pytest.mark.parametrize("name", ALLREDUCES)
 def test_float_results_are_bit_identical_across_ranks(name):
     world, n = 6, 101
     xs = _inputs(world, n, np.float32, seed=9)
@@ -74,6 +75,38 @@ def test_float_results_are_bit_identical_across_ranks(name):
         assert o.tobytes() == outs[0].tobytes()
     np.testing.assert_allclose(outs[0], np.sum(xs, axis=0, dtype=np.float64), rtol=1e-5,
                                atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ALLREDUCES)
+@pytest.mark.parametrize("world", [2, 3, 4, 6, 8])
+@pytest.mark.parametrize("op", [ReduceOp.SUM, ReduceOp.MAX, ReduceOp.PROD])
+def test_nan_payloads_agree_across_ranks(name, world, op):
+    """Where two NaNs meet, the reference keeps the first operand's payload: a program in
+    which each rank reduces its own result must still put the same operand first on
+    every rank (recursive doubling puts the lower partner's first)."""
+    n = 24
+    xs = []
+    for r in range(world):
+        x = np.random.default_rng(r).standard_normal(n).astype(np.float32)
+        x.view(np.uint32)[: n // 2] = 0x7FC00000 | (r * 131 + 7)  # a payload per rank
+        xs.append(x)
+    for seed in SEEDS:
+        outs = _run([P.LIBRARY[name](r, world) for r in range(world)], xs, DType.FLOAT32,
+                    op, seed=seed)
+        for o in outs[1:]:
+            assert o.tobytes() == outs[0].tobytes()
+        assert np.isnan(outs[0][: n // 2]).all()
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16])
+def test_recursive_doubling_in_any_world(world):
+    """log2 steps plus the fold; its third landing reuses the first's scratch only after
+    a grant, which the race-seeking interleavings would catch."""
+    xs = _inputs(world, 9, seed=world + 40)
+    for seed in range(8):
+        outs = _run([P.rd_allreduce(r, world) for r in range(world)], xs, seed=seed)
+        for o in outs:
+            np.testing.assert_array_equal(o, np.sum(xs, axis=0))
 
 
 @pytest.mark.parametrize("world", WORLDS)
