@@ -410,11 +410,11 @@ class Engine:
         self.failed = error
 
     def _run(self) -> None:
-        poller = select.poll()
-        poller.register(self.sock, select.POLLIN)
-        poller.register(self._wake_r, select.POLLIN)
-        wake_fd = self._wake_r.fileno()
         try:
+            poller = select.poll()
+            poller.register(self.sock, select.POLLIN)
+            poller.register(self._wake_r, select.POLLIN)
+            wake_fd = self._wake_r.fileno()
             while not self._stop:
                 busy = self._receive()
                 now = time.monotonic()

@@ -477,3 +477,20 @@ def test_job_latch_releases_every_waiter_once_set() -> None:
     for t in waiters:
         t.join(5)
     assert woke == [True, True, True] and latch.is_set() and latch.wait(0)
+
+
+def test_engine_that_cannot_start_fails_its_jobs_at_once(monkeypatch) -> None:
+    from fpgaccl.host import engine as engine_mod
+
+    def no_poll() -> None:
+        raise OSError(24, "Too many open files")
+
+    eng = Engine(0, "127.77.9.1")
+    monkeypatch.setattr(engine_mod.select, "poll", no_poll)
+    try:
+        job = eng.submit("allreduce", iter(()), deadline_s=60.0)
+        eng.start()
+        assert job.event.wait(5), "a job outlived its engine thread"
+        assert isinstance(job.error, OSError) and eng.failed is job.error
+    finally:
+        eng.stop()
