@@ -384,6 +384,8 @@ class RoceParser(wiring.Component):
 
         # Input ready from registers only: room for a payload beat, the one in the write
         # register and a pending flush (or the frame already overflowed), and for the
-        # headers of the frames between their last beat and their commit.
-        m.d.comb += self.i.ready.eq(((pf.space >= 3) | ovf) & (hf.level < self.hdr_depth - 3))
+        # headers of the frames between their last beat and their commit. The payload
+        # FIFO's room is its registered `space_r` (a read frees an entry a cycle late),
+        # so no subtract of its pointers lies on `take`'s path.
+        m.d.comb += self.i.ready.eq(((pf.space_r >= 3) | ovf) & (hf.level < self.hdr_depth - 3))
         return m
