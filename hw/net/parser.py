@@ -227,8 +227,15 @@ class RoceParser(wiring.Component):
         m.d.comb += hlen.eq(BASE_HDR_BYTES + op.ext_len)
         q = hlen >> logn
         s = hlen[:logn] if logn else Const(0)
+        # The payload length reads header bytes up to BTH's pad count. Where those are
+        # captured at least two beats before the first payload beat can be written
+        # (beat q+1, q >= BASE_HDR_BYTES // N), it is a register: valid from then on,
+        # for every frame, and its three subtracts are off the write path.
         plen = Signal(signed(19))
-        m.d.comb += plen.eq(ip.len - _FIXED_TRAILER - op.ext_len - bth.padcount)
+        plen_end = OFFSETS[BTH.name] + BTH.offset("padcount") // 8 + 1
+        plen_d = (m.d.sync if (BASE_HDR_BYTES >> logn) + 1 >= (plen_end - 1) // N + 2
+                  else m.d.comb)
+        plen_d += plen.eq(ip.len - _FIXED_TRAILER - op.ext_len - bth.padcount)
         written = Signal(18)
         left = Signal(signed(20))
         m.d.comb += left.eq(plen - written)
