@@ -171,8 +171,10 @@ def test_bounds_are_exact_at_the_region_end():
     acks, mem, cmpls, drops = run(message(7, data, va=BASE + SIZE - 64), epsn=7)
     assert mem_bytes(mem, BASE + SIZE - 64, 64) == data and drops == {}
     assert cmpls == [(1, BASE + SIZE - 64, 64, 0x10002, 1)]
+    assert ack_list(acks) == [(ACK, 8)]
     acks, mem, cmpls, drops = run(message(7, data, va=BASE + SIZE - 63), epsn=7)
     assert mem == {} and cmpls == []
+    assert ack_list(acks) == [(nak(NakCode.REMOTE_ACCESS_ERROR), 7)]
     assert drops == {DropReason.OUT_OF_BOUNDS: 1, DropReason.PSN_OUT_OF_ORDER: 1}
 
 
