@@ -92,7 +92,9 @@ class Node(wiring.Component):
     def elaborate(self, platform) -> Module:
         m = Module()
         w = self.width
-        m.submodules.bank = bank = CSRBank(self.regmap)
+        # The read-back tree cut into 16 registered parts (see CSRBank): the bank's
+        # read-back was among the node's deepest paths on the ECP5.
+        m.submodules.bank = bank = CSRBank(self.regmap, read_parts=16)
         m.submodules.parser = parser = RoceParser(w, max_payload=self.mtu)
         m.submodules.builder = builder = RoceBuilder(w)
         m.submodules.transport = tp = Transport(w, nqp=self.qps, nmr=self.regions,

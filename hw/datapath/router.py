@@ -30,7 +30,7 @@ reduction of a block).
 
 from __future__ import annotations
 
-from amaranth.hdl import Array, Module, Mux, Signal
+from amaranth.hdl import Array, Cat, Module, Mux, Signal
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -102,8 +102,10 @@ class Router(wiring.Component):
             with m.If(st.ready):
                 m.d.sync += st.valid.eq(0)
 
-        # The scoreboard: ranges in elements, [lo, hi) of buffer `buf`.
-        lo, hi = c.offset, c.offset + c.length
+        # The scoreboard: ranges in elements, [lo, hi) of buffer `buf`. `hi` is a
+        # register loaded with the command (its add off the hazard tests' path).
+        c_hi = Signal(33)
+        lo, hi = c.offset, c_hi
         s_busy = Signal(self.peers)
         s_buf = Array(Signal(2, name=f"s_buf{p}") for p in range(self.peers))
         s_lo = Array(Signal(33, name=f"s_lo{p}") for p in range(self.peers))
@@ -113,10 +115,23 @@ class Router(wiring.Component):
         def overlaps(buf_a, lo_a, hi_a, buf_b, lo_b, hi_b):
             return (buf_a == buf_b) & (lo_a < hi_b) & (lo_b < hi_a)
 
-        raw = l_busy & overlaps(l_buf, l_lo, l_hi, c.src, lo, hi)
-        war = Signal()
-        m.d.comb += war.eq(sum((s_busy[p] & overlaps(s_buf[p], s_lo[p], s_hi[p], c.dst, lo, hi)
-                                for p in range(self.peers)), 0) != 0)
+        # The hazard tests take a cycle of their own: `judged` says the registered range
+        # overlaps below are those of the command now in `c` (it is 0 the cycle after a
+        # command is taken). The ranges they compare change only when `c` is
+        # dispatched, and a new command is taken only after that, so the overlaps
+        # stay exact while `c` waits; the busy flags (cleared by completions) are
+        # applied live.
+        judged = Signal()
+        o_raw = Signal()                    # c.src's range meets the local job's
+        o_war = Signal(self.peers)          # c.dst's range meets peer p's SEND
+        m.d.sync += [
+            judged.eq(c.op != int(SeqOp.NOP)),
+            o_raw.eq(overlaps(l_buf, l_lo, l_hi, c.src, lo, hi)),
+            o_war.eq(Cat(overlaps(s_buf[p], s_lo[p], s_hi[p], c.dst, lo, hi)
+                         for p in range(self.peers))),
+        ]
+        raw = l_busy & o_raw
+        war = (s_busy & o_war).any()
         desc_free = ~self.desc.valid
         m.d.comb += self.idle.eq(~s_busy.any() & ~l_busy & desc_free & ~self.copy_job.valid
                                  & ~self.reduce_job.valid & ~self.cmd.valid
@@ -140,18 +155,19 @@ class Router(wiring.Component):
         with m.If(c.op == int(SeqOp.NOP)):
             m.d.comb += self.cmd.ready.eq(1)
             with m.If(self.cmd.valid):
-                m.d.sync += c.eq(self.cmd.payload)
+                m.d.sync += [c.eq(self.cmd.payload),
+                             c_hi.eq(self.cmd.payload.offset + self.cmd.payload.length)]
         with m.Switch(c.op):
             with m.Case(int(SeqOp.NOP)):
                 pass
-            with m.Case(int(SeqOp.COPY)), m.If(~l_busy & ~war):
+            with m.Case(int(SeqOp.COPY)), m.If(judged & ~l_busy & ~war):
                 m.d.sync += [
                     self.copy_job.payload.src.eq(base[c.src] + (c.offset << shift)),
                     self.copy_job.payload.dst.eq(base[c.dst] + (c.offset << shift)),
                     self.copy_job.payload.len.eq(nbytes),
                     self.copy_job.valid.eq(1)]
                 take_local()
-            with m.Case(int(SeqOp.RECV_REDUCE)), m.If(~l_busy & ~war):
+            with m.Case(int(SeqOp.RECV_REDUCE)), m.If(judged & ~l_busy & ~war):
                 j = self.reduce_job.payload
                 m.d.sync += [
                     j.a.eq(base[c.src] + (c.offset << shift)),
@@ -163,7 +179,7 @@ class Router(wiring.Component):
             with m.Case(int(SeqOp.SEND), int(SeqOp.GRANT)):
                 is_grant = c.op == int(SeqOp.GRANT)
                 blocked = Mux(is_grant, s_busy.any() | l_busy, s_busy.bit_select(c.peer, 1) | raw)
-                with m.If(desc_free & ~blocked):
+                with m.If(judged & desc_free & ~blocked):
                     d = self.desc.payload
                     imm = Signal(_IMM)
                     m.d.comb += [imm.coll_id.eq(self.coll_id), imm.step.eq(c.step),

@@ -174,25 +174,47 @@ class RoceParser(wiring.Component):
         on_now = Signal()
         z_now = Signal(logn)
         m.d.comb += [mask_now.eq(next_mask), on_now.eq(next_on), z_now.eq(next_z)]
+        # Where the beat after the ip.len beat is also whole in the region of every
+        # frame that reaches the ICRC check (see above), its mask is a constant too, and
+        # from then on the next beat's mask comes from `left_m` (= left_r - N, a register
+        # beside it): the masks' flops are loaded from flops, with no adder between, and
+        # what they are loaded with on the ip.len beat is never used.
+        ahead = (len_beat + 2) * N <= MIN_FRAME_BYTES
         # (At widths where the length is in beat 0, `beat_idx < 0` would be a constant
         # comparison, which lint rejects: leave it out there.)
         before_len = (beat_idx < len_beat) if len_beat else Const(0)
         from_len = (beat_idx >= len_beat) if len_beat else Const(1)
-        with m.If(before_len):
-            m.d.comb += [mask_now.eq((1 << N) - 1), on_now.eq(1), z_now.eq(0)]
-        with m.Elif(beat_idx == len_beat):
-            if (len_beat + 1) * N <= MIN_FRAME_BYTES:
+        if ahead:
+            with m.If(beat_idx < len_beat + 2):
                 m.d.comb += [mask_now.eq((1 << N) - 1), on_now.eq(1), z_now.eq(0)]
-            else:
-                m.d.comb += [mask_now.eq(_thermo(m, rem_len, N, "crc_keep_len")),
-                             on_now.eq(rem_len > 0),
-                             z_now.eq(Mux(rem_len < N, N - rem_len, 0))]
+        else:
+            with m.If(before_len):
+                m.d.comb += [mask_now.eq((1 << N) - 1), on_now.eq(1), z_now.eq(0)]
+            with m.Elif(beat_idx == len_beat):
+                if (len_beat + 1) * N <= MIN_FRAME_BYTES:
+                    m.d.comb += [mask_now.eq((1 << N) - 1), on_now.eq(1), z_now.eq(0)]
+                else:
+                    m.d.comb += [mask_now.eq(_thermo(m, rem_len, N, "crc_keep_len")),
+                                 on_now.eq(rem_len > 0),
+                                 z_now.eq(Mux(rem_len < N, N - rem_len, 0))]
         # Region bytes after this beat, for the next one (held once it reaches zero).
-        nxt = Signal(signed(19))
-        m.d.comb += nxt.eq(Mux(beat_idx == len_beat, rem_len, left_r) - N)
-        with m.If(take & from_len & ((beat_idx == len_beat) | (left_r > 0))):
-            m.d.sync += [left_r.eq(nxt), next_mask.eq(_thermo(m, nxt, N, "crc_keep_next")),
-                         next_on.eq(nxt > 0), next_z.eq(Mux(nxt < N, N - nxt, 0))]
+        is_len = beat_idx == len_beat
+        upd = take & from_len & (is_len | (left_r > 0))
+        if ahead:
+            left_m = Signal(signed(19))
+            with m.If(upd):
+                m.d.sync += [left_r.eq(Mux(is_len, rem_len - N, left_m)),
+                             left_m.eq(Mux(is_len, rem_len - 2 * N, left_m - N)),
+                             next_mask.eq(_thermo(m, left_m, N, "crc_keep_next")),
+                             next_on.eq(left_m > 0),
+                             next_z.eq(Mux(left_m < N, N - left_m, 0))]
+        else:
+            nxt = Signal(signed(19))
+            m.d.comb += nxt.eq(Mux(is_len, rem_len, left_r) - N)
+            with m.If(upd):
+                m.d.sync += [left_r.eq(nxt),
+                             next_mask.eq(_thermo(m, nxt, N, "crc_keep_next")),
+                             next_on.eq(nxt > 0), next_z.eq(Mux(nxt < N, N - nxt, 0))]
         masked = Signal(W)
         m.d.comb += masked.eq(fixed & _bytes_to_bits(mask_now))
         crc_in = Signal(32)
@@ -205,8 +227,15 @@ class RoceParser(wiring.Component):
         m.d.comb += hlen.eq(BASE_HDR_BYTES + op.ext_len)
         q = hlen >> logn
         s = hlen[:logn] if logn else Const(0)
+        # The payload length reads header bytes up to BTH's pad count. Where those are
+        # captured at least two beats before the first payload beat can be written
+        # (beat q+1, q >= BASE_HDR_BYTES // N), it is a register: valid from then on,
+        # for every frame, and its three subtracts are off the write path.
         plen = Signal(signed(19))
-        m.d.comb += plen.eq(ip.len - _FIXED_TRAILER - op.ext_len - bth.padcount)
+        plen_end = OFFSETS[BTH.name] + BTH.offset("padcount") // 8 + 1
+        plen_d = (m.d.sync if (BASE_HDR_BYTES >> logn) + 1 >= (plen_end - 1) // N + 2
+                  else m.d.comb)
+        plen_d += plen.eq(ip.len - _FIXED_TRAILER - op.ext_len - bth.padcount)
         written = Signal(18)
         left = Signal(signed(20))
         m.d.comb += left.eq(plen - written)
@@ -384,6 +413,8 @@ class RoceParser(wiring.Component):
 
         # Input ready from registers only: room for a payload beat, the one in the write
         # register and a pending flush (or the frame already overflowed), and for the
-        # headers of the frames between their last beat and their commit.
-        m.d.comb += self.i.ready.eq(((pf.space >= 3) | ovf) & (hf.level < self.hdr_depth - 3))
+        # headers of the frames between their last beat and their commit. The payload
+        # FIFO's room is its registered `space_r` (a read frees an entry a cycle late),
+        # so no subtract of its pointers lies on `take`'s path.
+        m.d.comb += self.i.ready.eq(((pf.space_r >= 3) | ovf) & (hf.level < self.hdr_depth - 3))
         return m

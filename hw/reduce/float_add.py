@@ -6,7 +6,7 @@ from amaranth.hdl import Cat, Const, Module, Mux, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
-from .common import FloatFormat, Unpacked, leading_zeros, shift_right_sticky
+from .common import FloatFormat, Unpacked, leading_zeros
 
 
 class FloatAdd(wiring.Component):
@@ -70,17 +70,24 @@ class FloatAdd(wiring.Component):
             s1_special_val.eq(special_val),
             s1_sig_big.eq(Mux(swap, b.sig, a.sig)),
             s1_sig_small.eq(Mux(swap, a.sig, b.sig)),
-            s1_diff.eq(Mux(swap, d_ba, d_ab)),
+            # Clamped to the aligned width here (beside the compare), so stage 2a's
+            # shift and sticky start from a 5-bit amount.
+            s1_diff.eq(Mux(swap, Mux(d_ba > ext, ext, d_ba), Mux(d_ab > ext, ext, d_ab))),
             s1_exp.eq(Mux(swap, b.exp_eff, a.exp_eff)),
             s1_sign.eq(Mux(swap, b.sign, a.sign)),
             s1_sub.eq(a.sign ^ b.sign),
         ]
 
-        # Stage 2a: align the smaller operand (sticky keeps what falls off).
-        aligned, sticky = shift_right_sticky(m, Cat(Const(0, 3), s1_sig_small), s1_diff)
+        # Stage 2a: align the smaller operand (sticky keeps what falls off). The sticky
+        # bit is the OR of the bits below the amount, beside the shift rather than after
+        # it, and goes into the sum's bit 0 in stage 2b.
+        v = Cat(Const(0, 3), s1_sig_small)
         s1a_small = Signal(ext)
+        s1a_sticky = Signal()
         s1a_big = Signal(p)
-        m.d.sync += [s1a_small.eq(aligned | sticky), s1a_big.eq(s1_sig_big)]
+        below = Cat(s1_diff > i for i in range(ext))      # 1 where bit i falls off
+        m.d.sync += [s1a_small.eq(v >> s1_diff), s1a_sticky.eq((v & below).any()),
+                     s1a_big.eq(s1_sig_big)]
         s1a = {name: Signal(len(sig), name=f"s1a_{name}") for name, sig in
                (("special", s1_special), ("special_val", s1_special_val), ("exp", s1_exp),
                 ("sign", s1_sign), ("sub", s1_sub))}
@@ -88,7 +95,7 @@ class FloatAdd(wiring.Component):
                      s1a["exp"].eq(s1_exp), s1a["sign"].eq(s1_sign), s1a["sub"].eq(s1_sub)]
 
         # Stage 2b: add or subtract.
-        small_ext = s1a_small
+        small_ext = s1a_small | s1a_sticky
         big_ext = Cat(Const(0, 3), s1a_big)
         s2_sum = Signal(ext + 1)
         s2 = {name: Signal(len(sig), name=f"s2_{name}") for name, sig in s1a.items()}

@@ -82,6 +82,7 @@ class Sequencer(wiring.Component):
         first = Signal(ELEM_BITS + 9)
         last = Signal(ELEM_BITS + 9)
         xoff = Signal(ELEM_BITS + 9)
+        in_range = Signal()              # chunk + count <= nchunks, from RANGE
         m.d.comb += self.pc.eq(pc)
 
         peer_ok = ins.peer < n_peers
@@ -145,12 +146,14 @@ class Sequencer(wiring.Component):
             with m.State("RANGE"):
                 # Chunk numbers -> element offsets (before clamping to the count).
                 m.d.comb += self.busy.eq(1)
+                # The chunk-range test too, into a register: EXEC's command enables then
+                # do not wait for its add and compare.
                 m.d.sync += [first.eq(ins.chunk * cs), last.eq((ins.chunk + ins.count) * cs),
-                             xoff.eq(ins.xchunk * cs)]
+                             xoff.eq(ins.xchunk * cs),
+                             in_range.eq((ins.chunk + ins.count) <= nchunks)]
                 m.next = "EXEC"
             with m.State("EXEC"):
                 m.d.comb += self.busy.eq(1)
-                in_range = (ins.chunk + ins.count) <= nchunks
                 with m.Switch(ins.op):
                     with m.Case(int(SeqOp.NOP)):
                         m.next = "FETCH_LO"

@@ -171,8 +171,13 @@ class Responder(wiring.Component):
         with m.If(take):
             m.d.sync += hq_v.eq(0)
         m.d.sync += hq_new.eq(self.hdr.valid & self.hdr.ready)
+        # The region bounds test compares two sums, each in a register of its own: the
+        # header's end (va + dlen, added as the header is taken in) and each region's
+        # end (base + length, from software's context, a cycle behind it).
+        hq_end = Signal(65)
         with m.If(self.hdr.valid & self.hdr.ready):
-            m.d.sync += [hq.eq(self.hdr.payload), hq_v.eq(1)]
+            m.d.sync += [hq.eq(self.hdr.payload), hq_v.eq(1),
+                         hq_end.eq(self.hdr.payload.reth.va + self.hdr.payload.reth.dlen)]
 
         hit_c, idx_c = qp_lookup(m, self.qp_ctl, nqp, hq.bth.dqpn, QPState.RTR, "rx_qp")
         hit, idx = Signal(), Signal.like(idx_c)
@@ -181,11 +186,12 @@ class Responder(wiring.Component):
         for j in range(nmr):
             mr = self.mr_ctl[j]
             base = Cat(mr.base_lo.value, mr.base_hi.value)
+            mr_end = Signal(65, name=f"mr_end{j}")
             m.d.sync += [
+                mr_end.eq(base + mr.length.value),
                 k_hit[j].eq((mr.key.value == hq.reth.rkey) & (mr.length.value != 0)),
                 k_right[j].eq(mr.access.remote_write),
-                k_bound[j].eq((hq.reth.va >= base)
-                              & (hq.reth.va + hq.reth.dlen <= base + mr.length.value)),
+                k_bound[j].eq((hq.reth.va >= base) & (hq_end <= mr_end)),
             ]
         # The first region whose key matches, one-hot: its rights and bounds are an
         # AND-OR of flops rather than a mux indexed by an encoded priority.

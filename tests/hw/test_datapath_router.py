@@ -142,3 +142,25 @@ def test_one_message_per_peer_and_grant_drains_everything():
         assert await watch(ctx, dut, 4) == {"desc", "done"}
         assert ctx.get(dut.desc.payload.len) == 0
     run(script)
+
+
+def test_hazards_are_judged_against_the_command_just_taken():
+    """The command before left no hazard against its own buffers (a SEND landing in the
+    peer's TMP, a reduction reading IN), but the next one overlaps what it put in flight:
+    a hazard verdict that still described the previous command would let it through."""
+    async def script(ctx, dut):
+        await issue(ctx, dut, command(SeqOp.SEND, src=Buf.OUT, dst=Buf.TMP, offset=0,
+                                      length=8))
+        assert await watch(ctx, dut, 2) == {"desc", "done"}
+        await issue(ctx, dut, command(SeqOp.RECV_REDUCE, src=Buf.OUT, dst=Buf.OUT,
+                                      offset=0, length=8))
+        assert await watch(ctx, dut, 20) == set()
+        await complete_send(ctx, dut, 1)
+        assert await watch(ctx, dut, 4) == {"reduce_job", "done"}
+        # Read after write: the reduction still writes what this SEND reads.
+        await issue(ctx, dut, command(SeqOp.SEND, peer=2, src=Buf.OUT, offset=4,
+                                      length=8))
+        assert await watch(ctx, dut, 20) == set()
+        await finish_reduce(ctx, dut)
+        assert await watch(ctx, dut, 4) == {"desc", "done"}
+    run(script)

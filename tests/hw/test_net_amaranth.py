@@ -9,7 +9,7 @@ from amaranth.sim import Simulator
 
 from fpgaccl import proto
 from fpgaccl.hw.net.builder import RoceBuilder
-from fpgaccl.hw.net.parser import RoceParser
+from fpgaccl.hw.net.parser import PARSER_DROPS, RoceParser
 from fpgaccl.hw.stream.beat import beat_layout
 from fpgaccl.proto import DropReason
 from fpgaccl.sim.benches.net_frames import random_fields, record_fields, record_word
@@ -154,6 +154,48 @@ def test_parser_drops_frames_larger_than_its_buffer(packets):
     sim.run_until(1e-8 * 600)
     assert record_fields(recs[0])["bth"]["psn"] == fields["bth"]["psn"]
     assert split_frames(beats) == [payload]
+
+
+def test_parser_ignores_nonzero_ethernet_padding():
+    """Bytes past the IP length are Ethernet padding, whatever their value: the ICRC
+    covers the region only, so the byte mask of the beat where it ends (and the beats
+    after) must drop them. Zero padding would pass even without the mask; 0xA5 does
+    not. Payloads of 1..12 bytes move the region's end through the beat."""
+    rng = random.Random(7)
+    frames = []
+    for n in range(1, 13):
+        fields = random_fields(rng, int(proto.Opcode.RDMA_WRITE_ONLY_WITH_IMMEDIATE))
+        payload = bytes(rng.getrandbits(8) for _ in range(n))
+        frames.append(proto.build_frame(payload=payload, **fields)
+                      + b"\xa5" * rng.randint(1, 2 * WIDTH // 8))
+    dut = RoceParser(WIDTH, max_payload=64)
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    recs, beats = [], []
+
+    async def source(ctx):
+        await send(ctx, dut.i, [b for f in frames for b in frame_to_beats(f, WIDTH)])
+
+    counts = {}
+
+    async def hdr_sink(ctx):
+        await collect(ctx, dut.hdr, recs, lambda: False)
+
+    async def pay_sink(ctx):
+        await collect(ctx, dut.o, beats, lambda: False)
+
+    async def counters(ctx):
+        await ctx.tick().repeat(1100)
+        counts["accepted"] = ctx.get(dut.accepted)
+        counts["drops"] = {r.name: v for r in PARSER_DROPS if (v := ctx.get(dut.drops[r]))}
+
+    sim.add_testbench(source, background=True)
+    sim.add_testbench(pay_sink, background=True)
+    sim.add_testbench(hdr_sink, background=True)
+    sim.add_testbench(counters)
+    sim.run()
+    assert counts == {"accepted": len(frames), "drops": {}}
+    assert len(recs) == len(frames)
 
 
 @pytest.mark.parametrize("width", [128, 256])

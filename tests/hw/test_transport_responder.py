@@ -164,6 +164,20 @@ def test_bad_rkey_bounds_rights_nak_and_write_nothing():
         assert drops == {reason: 1, DropReason.PSN_OUT_OF_ORDER: 1}, kw
 
 
+def test_bounds_are_exact_at_the_region_end():
+    """A message ending on the region's last byte is written; one byte further is
+    OUT_OF_BOUNDS (va + dlen against base + length, both sums exact)."""
+    data = bytes(range(64))
+    acks, mem, cmpls, drops = run(message(7, data, va=BASE + SIZE - 64), epsn=7)
+    assert mem_bytes(mem, BASE + SIZE - 64, 64) == data and drops == {}
+    assert cmpls == [(1, BASE + SIZE - 64, 64, 0x10002, 1)]
+    assert ack_list(acks) == [(ACK, 8)]
+    acks, mem, cmpls, drops = run(message(7, data, va=BASE + SIZE - 63), epsn=7)
+    assert mem == {} and cmpls == []
+    assert ack_list(acks) == [(nak(NakCode.REMOTE_ACCESS_ERROR), 7)]
+    assert drops == {DropReason.OUT_OF_BOUNDS: 1, DropReason.PSN_OUT_OF_ORDER: 1}
+
+
 def test_overrun_of_dlen_is_remote_access_error():
     h, _p = message(0, bytes(16))[0]
     h["payload_len"] = 24  # more than the 16 bytes RETH announced

@@ -1,0 +1,73 @@
+"""The sequencer engine on Amaranth's simulator, its program in a block RAM read a cycle
+late like the CSR bank's: the chunk-range check (chunk + count <= SETUP's nchunks), which
+the RANGE state registers for EXEC, stops an out-of-range COPY or SEND before any command
+leaves, and lets the in-range ones through, each judged on its own instruction."""
+
+from amaranth.hdl import Module
+from amaranth.lib.memory import Memory
+from amaranth.sim import Simulator
+
+from fpgaccl.hw.sequencer.engine import ErrorCode, Sequencer
+from fpgaccl.proto.isa import Buf, Instr, SeqOp, assemble
+
+
+def run(program, count=1000):
+    m = Module()
+    m.submodules.seq = seq = Sequencer(imem_words=32, peers=2)
+    m.submodules.imem = imem = Memory(shape=32, depth=32, init=assemble(program))
+    rd = imem.read_port()
+    m.d.comb += [rd.addr.eq(seq.imem_raddr), seq.imem_rdata.eq(rd.data)]
+    out = {"cmds": []}
+
+    async def bench(ctx):
+        ctx.set(seq.count, count)
+        ctx.set(seq.cmd.ready, 1)
+        ctx.set(seq.grant.valid, 1)          # SENDs find their grant
+        ctx.set(seq.start, 1)
+        await ctx.tick()
+        ctx.set(seq.start, 0)
+        ctx.set(seq.grant.valid, 0)
+        for _ in range(400):
+            if ctx.get(seq.cmd.valid):
+                c = ctx.get(seq.cmd.payload)
+                out["cmds"].append((SeqOp(c.op), c.offset, c.length))
+                await ctx.tick()
+                ctx.set(seq.cmd_done, 1)
+                await ctx.tick()
+                ctx.set(seq.cmd_done, 0)
+                continue
+            if ctx.get(seq.done) or ctx.get(seq.error):
+                break
+            await ctx.tick()
+        out["error"] = ctx.get(seq.error)
+        out["code"] = ctx.get(seq.error_code)
+
+    sim = Simulator(m)
+    sim.add_clock(1e-8)
+    sim.add_testbench(bench)
+    sim.run()
+    return out
+
+
+def test_in_range_copies_issue_and_an_out_of_range_one_stops_the_program():
+    ok = [Instr(SeqOp.SETUP, step=4),
+          Instr(SeqOp.COPY, buf=Buf.OUT, chunk=3, count=1),     # 4 <= 4: the last chunk
+          Instr(SeqOp.COPY, buf=Buf.OUT, chunk=0, count=4),
+          Instr(SeqOp.DONE)]
+    got = run(ok)
+    assert got["error"] == 0
+    assert got["cmds"] == [(SeqOp.COPY, 750, 250), (SeqOp.COPY, 0, 1000)]
+    # One chunk too far, right after an in-range instruction (a verdict left from the
+    # previous instruction would let it through).
+    bad = [Instr(SeqOp.SETUP, step=4),
+           Instr(SeqOp.COPY, buf=Buf.OUT, chunk=0, count=4),
+           Instr(SeqOp.COPY, buf=Buf.OUT, chunk=3, count=2),
+           Instr(SeqOp.DONE)]
+    got = run(bad)
+    assert got["cmds"] == [(SeqOp.COPY, 0, 1000)]
+    assert got["error"] == 1 and got["code"] == ErrorCode.CHUNK_RANGE
+    send = [Instr(SeqOp.SETUP, step=4),
+            Instr(SeqOp.SEND, src=Buf.OUT, peer=1, chunk=2, count=3),
+            Instr(SeqOp.DONE)]
+    got = run(send)
+    assert got["cmds"] == [] and got["code"] == ErrorCode.CHUNK_RANGE
