@@ -53,15 +53,17 @@ SCRIPT = textwrap.dedent("""
         # Rank 1 (software) dies in the middle of an allreduce: it has started it and sent
         # its first frames, then the process is gone. The others' allreduce must end in a
         # timeout error, not hang.
+        # Halving-doubling: every rank's result needs rank 1 in a later step. (With
+        # recursive doubling, rank 1's first step would already complete ranks 0 and 2.)
         big = np.tile(xi, 8)
         comm.deadline_s = 8.0
         if r == 1:
-            comm.allreduce(big, np.empty_like(big), async_op=True)
+            comm.allreduce(big, np.empty_like(big), algo="rhd", async_op=True)
             time.sleep(0.05)
             os._exit(0)
         t0 = time.monotonic()
         try:
-            comm.allreduce(big, np.empty_like(big))
+            comm.allreduce(big, np.empty_like(big), algo="rhd")
             gone = "completed"
         except CollectiveTimeoutError as e:
             gone = f"{type(e).__name__} after {time.monotonic() - t0:.1f} s: {e}"
