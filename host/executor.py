@@ -157,25 +157,25 @@ def reduce_into(dtype: DType, op: ReduceOp, a: np.ndarray, b: np.ndarray,
     if op in BITWISE_OPS:
         raise ValueError(f"{op.name.lower()} is not defined for {dtype.name.lower()}")
     if op is ReduceOp.SUM or op is ReduceOp.PROD:
-        if out.dtype.kind == "f" and out.size > _BLOCK_BYTES // out.itemsize:
-            _reduce_blocks(dtype, _UFUNC[op], a, b, out)
-            return
-        if out.dtype.kind == "f" and out.size > _SMALL:
-            if _has_nan(a) or _has_nan(b):
-                return _reduce_with_nans(dtype, _UFUNC[op], a, b, out)
+        ufunc = _UFUNC[op]
+        if out.dtype.kind != "f" or out.size <= _SMALL:
+            # Short vectors: one NaN test of a temporary result beats testing both inputs.
+            _reduce_with_nans(dtype, ufunc, a, b, out)
+        elif out.size > _BLOCK_BYTES // out.itemsize:
+            _reduce_blocks(dtype, ufunc, a, b, out)
+        elif _has_nan(a) or _has_nan(b):
+            _reduce_with_nans(dtype, ufunc, a, b, out)
+        else:
             # NaN-free inputs (the usual case): straight into ``out``, no temporaries. A
             # NaN can then only come from inf - inf or 0 * inf, and the reference makes
             # every such one its default NaN whatever a and b were, so zeros stand in
             # for them there.
             with np.errstate(all="ignore"):
-                _UFUNC[op](a, b, out=out)
+                ufunc(a, b, out=out)
             if _has_nan(out):
                 nan = np.isnan(out)
                 r = out[nan]
                 out[nan] = nan_fixup(dtype, np.zeros_like(r), np.zeros_like(r), r)
-            return
-        # Small vectors: one NaN test of a temporary result beats testing both inputs.
-        _reduce_with_nans(dtype, _UFUNC[op], a, b, out)
         return
     out[...] = reduce_reference(dtype, op, a, b)
 
@@ -187,7 +187,7 @@ def _reduce_with_nans(dtype: DType, ufunc: np.ufunc, a: np.ndarray, b: np.ndarra
                       out: np.ndarray) -> None:
     with np.errstate(all="ignore"):
         r = ufunc(a, b)
-    if np.isnan(r).any():
+    if _has_nan(r):
         r = nan_fixup(dtype, a, b, r)
     out[...] = r
 

@@ -73,15 +73,18 @@ def test_software_backend_equals_sequencer_model(world: int) -> None:
                     f"{name} world={world} rank={r} {dtype} {op}")
 
 
+# reduce_into's float sum/prod paths: a temporary for short vectors, NaN-tested inputs
+# then straight into OUT, and cache-sized blocks for long ones (host/executor.py).
+@pytest.mark.parametrize("n", [4096, 20_000, 140_000], ids=["short", "direct", "blocks"])
 @pytest.mark.parametrize(("dtype", "op"), SUPPORTED,
                          ids=[f"{d.name}-{o.name}" for d, o in SUPPORTED])
-def test_fast_reduction_equals_the_reference(dtype: DType, op: ReduceOp) -> None:
+def test_fast_reduction_equals_the_reference(dtype: DType, op: ReduceOp, n: int) -> None:
     rng = np.random.default_rng(int(dtype) * 16 + int(op))
     nt = dtype.numpy_dtype()
     bits = np.dtype(f"uint{dtype.bits}")
     # Random bit patterns: NaNs with payloads, infinities, subnormals, signed zeros.
-    a = rng.integers(0, 1 << dtype.bits, 4096, dtype=np.uint64).astype(bits).view(nt)
-    b = rng.integers(0, 1 << dtype.bits, 4096, dtype=np.uint64).astype(bits).view(nt)
+    a = rng.integers(0, 1 << dtype.bits, n, dtype=np.uint64).astype(bits).view(nt)
+    b = rng.integers(0, 1 << dtype.bits, n, dtype=np.uint64).astype(bits).view(nt)
     if dtype.is_float:
         specials = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1.0, -1.0], np.float64)
         a[:49] = np.repeat(specials, 7).astype(nt)
