@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from fpgaccl.errors import RemoteAccessError
+from fpgaccl.host import engine as engine_mod
 from fpgaccl.host import native, wire
 from fpgaccl.host.engine import Engine, Latch
 from fpgaccl.host.layers import dissect
@@ -480,8 +481,6 @@ def test_job_latch_releases_every_waiter_once_set() -> None:
 
 
 def test_engine_that_cannot_start_fails_its_jobs_at_once(monkeypatch) -> None:
-    from fpgaccl.host import engine as engine_mod
-
     def no_poll() -> None:
         raise OSError(24, "Too many open files")
 
