@@ -13,17 +13,18 @@ from .common import FloatFormat, Unpacked, leading_zeros, shift_right_sticky
 class FloatMul(wiring.Component):
     """``o = a * b`` after :attr:`latency` cycles, one operation per cycle.
 
-    Stage 1 multiplies the significands (the DSP stage) and, beside it, counts each
-    operand's leading zeros (nonzero only for subnormal inputs); stage 2 shifts the
+    Stage 1a forms the four partial products of the significands' halves (the DSP
+    stage) and, beside them, counts each operand's leading zeros (nonzero only for
+    subnormal inputs); stage 1b adds the partial products; stage 2 shifts the
     product left by their sum, which leaves at most one more bit to normalise, and
     picks how far a subnormal result must go right; stages 3a/3b do that right shift
     (whole bytes, then bits) with sticky; stage 4a decides the rounding, 4b rounds and
     packs. (One 48-bit
     leading-zero count, a left and a right shift in one cycle was the deepest path of
-    the node's reduction unit.)
+    the node's reduction unit; so was the DSP's product summed in the cycle it formed.)
     """
 
-    latency = 6
+    latency = 7
 
     def __init__(self, fmt: FloatFormat) -> None:
         self.fmt = fmt
@@ -54,23 +55,44 @@ class FloatMul(wiring.Component):
         with m.Else():
             m.d.comb += special_val.eq(Cat(Const(0, f.width - 1), sign))
 
-        # Stage 1: significand product, the exponent of its bit 2p-2 (value 1.0), and the
-        # leading zeros of the two significands (only subnormals have any).
+        # Stage 1a: the partial products of the significands' halves, each within one
+        # DSP block, the exponent of the product's bit 2p-2 (value 1.0), and the leading
+        # zeros of the two significands (only subnormals have any).
+        h = (p + 1) // 2
+        a_lo, a_hi, b_lo, b_hi = a.sig[:h], a.sig[h:], b.sig[:h], b.sig[h:]
+        pp_ll = Signal(2 * h)
+        pp_lh = Signal(p)
+        pp_hl = Signal(p)
+        pp_hh = Signal(2 * (p - h))
+        s1a_special = Signal()
+        s1a_special_val = Signal(f.width)
+        s1a_exp = Signal(signed(exp_w))
+        s1a_sign = Signal()
+        s1a_lz = Signal(range(2 * p + 1))
+        lz_a = leading_zeros(m, a.sig)
+        lz_b = leading_zeros(m, b.sig)
+        m.d.sync += [
+            pp_ll.eq(a_lo * b_lo), pp_lh.eq(a_lo * b_hi), pp_hl.eq(a_hi * b_lo),
+            pp_hh.eq(a_hi * b_hi),
+            s1a_special.eq(a.is_nan | b.is_nan | a.is_inf | b.is_inf | a.is_zero | b.is_zero),
+            s1a_special_val.eq(special_val),
+            s1a_exp.eq(a.exp_eff + b.exp_eff - f.bias),
+            s1a_sign.eq(sign),
+            s1a_lz.eq(lz_a + lz_b),
+        ]
+
+        # Stage 1b: the product. The outer partial products do not overlap, so they
+        # concatenate; only the two cross products are added in.
         s1_special = Signal()
         s1_special_val = Signal(f.width)
         s1_prod = Signal(2 * p)
         s1_exp = Signal(signed(exp_w))
         s1_sign = Signal()
         s1_lz = Signal(range(2 * p + 1))
-        lz_a = leading_zeros(m, a.sig)
-        lz_b = leading_zeros(m, b.sig)
         m.d.sync += [
-            s1_special.eq(a.is_nan | b.is_nan | a.is_inf | b.is_inf | a.is_zero | b.is_zero),
-            s1_special_val.eq(special_val),
-            s1_prod.eq(a.sig * b.sig),
-            s1_exp.eq(a.exp_eff + b.exp_eff - f.bias),
-            s1_sign.eq(sign),
-            s1_lz.eq(lz_a + lz_b),
+            s1_prod.eq(Cat(pp_ll, pp_hh) + ((pp_lh + pp_hl) << h)),
+            s1_special.eq(s1a_special), s1_special_val.eq(s1a_special_val),
+            s1_exp.eq(s1a_exp), s1_sign.eq(s1a_sign), s1_lz.eq(s1a_lz),
         ]
 
         # Stage 2: a product of significands with lz_a and lz_b leading zeros has lz_a +
