@@ -42,7 +42,8 @@ from fpgaccl.hw.datapath.router import N_BUFS, Router
 from fpgaccl.hw.net.builder import RoceBuilder
 from fpgaccl.hw.net.parser import RoceParser
 from fpgaccl.hw.sequencer.engine import Sequencer
-from fpgaccl.hw.stream.beat import beat_stream
+from fpgaccl.hw.stream.beat import beat_layout, beat_stream
+from fpgaccl.hw.stream.skid import SkidBuffer
 from fpgaccl.hw.transport.transport import Transport
 from fpgaccl.proto.drops import DROP_COUNTER_BITS, DropReason
 from fpgaccl.proto.opcodes import ROCEV2_UDP_PORT
@@ -115,7 +116,12 @@ class Node(wiring.Component):
                   "payload_len"):
             m.d.comb += getattr(tp.rx_hdr.payload, f).eq(getattr(rec, f))
         m.d.comb += [tp.rx_hdr.valid.eq(parser.hdr.valid), parser.hdr.ready.eq(tp.rx_hdr.ready)]
-        wiring.connect(m, parser.o, tp.rx_data)
+        # The payload FIFO's block-RAM output through a register slice: its clock-to-out
+        # started the node's deepest path (payload `last` -> the header FIFO's pop ->
+        # the requester's ACK decode).
+        m.submodules.rx_skid = rx_skid = SkidBuffer(beat_layout(w))
+        wiring.connect(m, parser.o, rx_skid.i)
+        wiring.connect(m, rx_skid.o, tp.rx_data)
 
         # Network transmit: the QP context supplies the peer's addresses.
         th = tp.tx_hdr.payload

@@ -415,6 +415,10 @@ class RoceParser(wiring.Component):
         # register and a pending flush (or the frame already overflowed), and for the
         # headers of the frames between their last beat and their commit. The payload
         # FIFO's room is its registered `space_r` (a read frees an entry a cycle late),
-        # so no subtract of its pointers lies on `take`'s path.
-        m.d.comb += self.i.ready.eq(((pf.space_r >= 3) | ovf) & (hf.level < self.hdr_depth - 3))
+        # so no subtract of its pointers lies on `take`'s path. The header FIFO's room is
+        # a register too, a cycle old: its level grows by one a cycle at most, so one
+        # more entry of margin keeps the same guarantee.
+        h_room = Signal()
+        m.d.sync += h_room.eq(hf.level < self.hdr_depth - 4)
+        m.d.comb += self.i.ready.eq(((pf.space_r >= 3) | ovf) & h_room)
         return m
