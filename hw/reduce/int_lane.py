@@ -15,11 +15,13 @@ class IntLane(wiring.Component):
 
     ``op`` is a :class:`~fpgaccl.proto.reduce.ReduceOp` code (sum/prod/min/max);
     ``is_signed`` picks two's complement or unsigned comparison for min/max (sum and
-    product are the same bits either way). The product gets a stage of its own so a
-    synthesiser can pipeline the multiplier into DSP blocks.
+    product are the same bits either way). The product takes two stages: the partial
+    products of the operands' halves, each within DSP blocks, are registered before
+    they are added (the DSP and the adder in one cycle were the node's slowest path on
+    the ECP5, whose DSPs get no pipeline registers from yosys).
     """
 
-    latency = 2
+    latency = 3
 
     def __init__(self, width: int) -> None:
         self.width = width
@@ -41,7 +43,6 @@ class IntLane(wiring.Component):
             m.d.comb += less.eq(a.as_signed() < b.as_signed())
 
         s1_fast = Signal(w)
-        s1_prod = Signal(w)
         s1_is_prod = Signal()
         with m.Switch(self.op):
             with m.Case(ReduceOp.MIN):
@@ -50,6 +51,20 @@ class IntLane(wiring.Component):
                 m.d.sync += s1_fast.eq(Mux(less, b, a))
             with m.Default():
                 m.d.sync += s1_fast.eq(a + b)
-        m.d.sync += [s1_prod.eq(a * b), s1_is_prod.eq(self.op == ReduceOp.PROD)]
-        m.d.sync += self.o.eq(Mux(s1_is_prod, s1_prod, s1_fast))
+        m.d.sync += s1_is_prod.eq(self.op == ReduceOp.PROD)
+
+        # The product modulo 2**w: low x low whole, and of the two cross products only
+        # the bits that land below 2**w (the high x high one lands above it).
+        h = w // 2
+        pp_ll = Signal(2 * h)
+        pp_lh = Signal(w - h)
+        pp_hl = Signal(w - h)
+        m.d.sync += [pp_ll.eq(a[:h] * b[:h]), pp_lh.eq(a[:h] * b[h:]),
+                     pp_hl.eq(a[h:] * b[:h])]
+        s2_fast = Signal(w)
+        s2_prod = Signal(w)
+        s2_is_prod = Signal()
+        m.d.sync += [s2_prod.eq(pp_ll + ((pp_lh + pp_hl) << h)), s2_fast.eq(s1_fast),
+                     s2_is_prod.eq(s1_is_prod)]
+        m.d.sync += self.o.eq(Mux(s2_is_prod, s2_prod, s2_fast))
         return m
