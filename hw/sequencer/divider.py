@@ -3,7 +3,7 @@ cycle costs nothing and saves a wide combinational divider on the critical path.
 
 from __future__ import annotations
 
-from amaranth.hdl import Module, Signal
+from amaranth.hdl import Cat, Module, Mux, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
@@ -42,9 +42,11 @@ class CeilDivider(wiring.Component):
         with m.Elif(count != 0):
             trial = Signal(w + 2)
             m.d.comb += trial.eq((rem << 1) | num[w])
-            m.d.sync += [num.eq(num << 1), count.eq(count - 1)]
-            with m.If((den != 0) & (trial >= den)):
-                m.d.sync += [rem.eq(trial - den), quo.eq((quo << 1) | 1)]
-            with m.Else():
-                m.d.sync += [rem.eq(trial), quo.eq(quo << 1)]
+            # One subtraction, its borrow the comparison: a single carry chain a step
+            # instead of a compare and a subtract side by side feeding a mux.
+            diff = Signal(w + 3)
+            m.d.comb += diff.eq(trial - den)
+            fits = (den != 0) & ~diff[-1]
+            m.d.sync += [num.eq(num << 1), count.eq(count - 1),
+                         rem.eq(Mux(fits, diff[:w + 2], trial)), quo.eq(Cat(fits, quo))]
         return m
