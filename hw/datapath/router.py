@@ -150,7 +150,22 @@ class Router(wiring.Component):
             m.d.sync += [l_busy.eq(1), l_buf.eq(c.dst), l_lo.eq(lo), l_hi.eq(hi),
                          self.cmd_done.eq(1), c.op.eq(int(SeqOp.NOP))]
 
-        nbytes = c.length << shift
+        # The command's addresses, worked out while its hazards are judged (the same
+        # cycle, so no added latency): dispatch then only loads registers, where a
+        # 32-way pick of a remote base and a 64-bit add used to sit. `c` and the
+        # context hold still while the command waits, so these stay its own.
+        nbytes = Signal(33 + 7)
+        a_src, a_dst, a_scr, a_raddr = (Signal(64, name=f"a_{n}")
+                                        for n in ("src", "dst", "scr", "raddr"))
+        a_rkey = Signal.like(ctx.rkey[0][0])
+        m.d.sync += [
+            nbytes.eq(c.length << shift),
+            a_src.eq(base[c.src] + (c.offset << shift)),
+            a_dst.eq(base[c.dst] + (c.offset << shift)),
+            a_scr.eq(base[c.scratch] + (c.xoffset << shift)),
+            a_raddr.eq(rbase[c.peer][c.dst] + (c.xoffset << shift)),
+            a_rkey.eq(rkey[c.peer][c.dst]),
+        ]
         # `c.op` is NOP while no command waits (commands never carry NOP).
         with m.If(c.op == int(SeqOp.NOP)):
             m.d.comb += self.cmd.ready.eq(1)
@@ -162,17 +177,15 @@ class Router(wiring.Component):
                 pass
             with m.Case(int(SeqOp.COPY)), m.If(judged & ~l_busy & ~war):
                 m.d.sync += [
-                    self.copy_job.payload.src.eq(base[c.src] + (c.offset << shift)),
-                    self.copy_job.payload.dst.eq(base[c.dst] + (c.offset << shift)),
+                    self.copy_job.payload.src.eq(a_src),
+                    self.copy_job.payload.dst.eq(a_dst),
                     self.copy_job.payload.len.eq(nbytes),
                     self.copy_job.valid.eq(1)]
                 take_local()
             with m.Case(int(SeqOp.RECV_REDUCE)), m.If(judged & ~l_busy & ~war):
                 j = self.reduce_job.payload
                 m.d.sync += [
-                    j.a.eq(base[c.src] + (c.offset << shift)),
-                    j.b.eq(base[c.scratch] + (c.xoffset << shift)),
-                    j.dst.eq(base[c.dst] + (c.offset << shift)),
+                    j.a.eq(a_src), j.b.eq(a_scr), j.dst.eq(a_dst),
                     j.len.eq(nbytes), j.dtype.eq(ctx.dtype), j.op.eq(ctx.op),
                     self.reduce_job.valid.eq(1)]
                 take_local()
@@ -186,9 +199,7 @@ class Router(wiring.Component):
                                  imm.grant.eq(is_grant)]
                     m.d.sync += [
                         d.qp.eq(c.peer),
-                        d.laddr.eq(base[c.src] + (c.offset << shift)),
-                        d.raddr.eq(rbase[c.peer][c.dst] + (c.xoffset << shift)),
-                        d.rkey.eq(rkey[c.peer][c.dst]),
+                        d.laddr.eq(a_src), d.raddr.eq(a_raddr), d.rkey.eq(a_rkey),
                         d.len.eq(Mux(is_grant, 0, nbytes)),
                         d.imm.eq(imm.as_value()), d.has_imm.eq(1),
                         self.desc.valid.eq(1),

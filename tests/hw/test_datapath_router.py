@@ -164,3 +164,30 @@ def test_hazards_are_judged_against_the_command_just_taken():
         await finish_reduce(ctx, dut)
         assert await watch(ctx, dut, 4) == {"desc", "done"}
     run(script)
+
+
+def test_jobs_and_descriptors_carry_the_commands_addresses():
+    """Byte addresses: local buffer base + offset, the scratch (and the peer's buffer)
+    at ``xoffset``, the peer's key for that buffer, lengths in bytes (int32: x4)."""
+    async def script(ctx, dut):
+        for p in range(PEERS):
+            for i in range(4):
+                ctx.set(dut.ctx.rbase[p][i], 0x100000 * (p + 1) + 0x10000 * i)
+                ctx.set(dut.ctx.rkey[p][i], 16 * p + i)
+        cmd = command(SeqOp.SEND, peer=2, src=Buf.IN, dst=Buf.TMP2, offset=5, length=3)
+        await issue(ctx, dut, {**cmd, "xoffset": 9})
+        await ctx.tick().until(dut.desc.valid)
+        d = ctx.get(dut.desc.payload)
+        assert (d.qp, d.laddr, d.raddr, d.rkey, d.len) == (
+            2, 0x1000 * (int(Buf.IN) + 1) + 5 * 4,
+            0x300000 + 0x10000 * int(Buf.TMP2) + 9 * 4, 16 * 2 + int(Buf.TMP2), 12)
+        await complete_send(ctx, dut, 2)
+        cmd = command(SeqOp.RECV_REDUCE, src=Buf.IN, dst=Buf.OUT, offset=7, length=2)
+        await issue(ctx, dut, {**cmd, "xoffset": 1})
+        await ctx.tick().until(dut.reduce_job.valid)
+        j = ctx.get(dut.reduce_job.payload)
+        assert (j.a, j.b, j.dst, j.len) == (
+            0x1000 * (int(Buf.IN) + 1) + 28, 0x1000 * (int(Buf.TMP) + 1) + 4,
+            0x1000 * (int(Buf.OUT) + 1) + 28, 8)
+
+    run(script)
