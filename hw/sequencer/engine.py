@@ -20,6 +20,7 @@ from .command import ELEM_BITS, Command, Event
 from .divider import CeilDivider
 
 _INSTR = header_layout(INSTRUCTION)
+CS_SPLIT = 17  # `cs` is multiplied in two parts, each within one 18x18 DSP block
 
 
 class ErrorCode:
@@ -82,6 +83,13 @@ class Sequencer(wiring.Component):
         first = Signal(ELEM_BITS + 9)
         last = Signal(ELEM_BITS + 9)
         xoff = Signal(ELEM_BITS + 9)
+        clamp_first = Signal(ELEM_BITS)  # first and last clamped to the count
+        clamp_last = Signal(ELEM_BITS)
+        cs_lo, cs_hi = cs[:CS_SPLIT], cs[CS_SPLIT:]
+        k_last = Signal(9)
+        m.d.comb += k_last.eq(ins.chunk + ins.count)
+        p_first, p_last, p_xoff = ([Signal(len(k_last) + CS_SPLIT, name=f"p_{n}{i}")
+                                    for i in range(2)] for n in ("first", "last", "xoff"))
         in_range = Signal()              # chunk + count <= nchunks, from RANGE
         m.d.comb += self.pc.eq(pc)
 
@@ -108,8 +116,6 @@ class Sequencer(wiring.Component):
             m.next = "IDLE"
 
         def issue(op: SeqOp) -> None:
-            clamp_first = Mux(first > count, count, first)
-            clamp_last = Mux(last > count, count, last)
             m.d.sync += [
                 cmd.op.eq(int(op)), cmd.peer.eq(ins.peer), cmd.src.eq(ins.src),
                 cmd.dst.eq(ins.rbuf if op is SeqOp.SEND else ins.buf), cmd.scratch.eq(ins.rbuf),
@@ -144,13 +150,28 @@ class Sequencer(wiring.Component):
                 m.d.sync += [ins.eq(Cat(lo_word, self.imem_rdata)), pc.eq(pc + 1)]
                 m.next = "RANGE"
             with m.State("RANGE"):
-                # Chunk numbers -> element offsets (before clamping to the count).
+                # Chunk numbers -> element offsets, a cycle each for the multiplies (each
+                # chunk number times both halves of `cs`, one DSP block apiece), their
+                # sums, and the clamp to the count: a DSP and the adders behind it in one
+                # cycle were among the node's slowest paths on the ECP5.
                 m.d.comb += self.busy.eq(1)
                 # The chunk-range test too, into a register: EXEC's command enables then
                 # do not wait for its add and compare.
-                m.d.sync += [first.eq(ins.chunk * cs), last.eq((ins.chunk + ins.count) * cs),
-                             xoff.eq(ins.xchunk * cs),
-                             in_range.eq((ins.chunk + ins.count) <= nchunks)]
+                m.d.sync += [p_first[0].eq(ins.chunk * cs_lo), p_first[1].eq(ins.chunk * cs_hi),
+                             p_last[0].eq(k_last * cs_lo), p_last[1].eq(k_last * cs_hi),
+                             p_xoff[0].eq(ins.xchunk * cs_lo), p_xoff[1].eq(ins.xchunk * cs_hi),
+                             in_range.eq(k_last <= nchunks)]
+                m.next = "OFFSETS"
+            with m.State("OFFSETS"):
+                m.d.comb += self.busy.eq(1)
+                m.d.sync += [first.eq(p_first[0] + (p_first[1] << CS_SPLIT)),
+                             last.eq(p_last[0] + (p_last[1] << CS_SPLIT)),
+                             xoff.eq(p_xoff[0] + (p_xoff[1] << CS_SPLIT))]
+                m.next = "CLAMP"
+            with m.State("CLAMP"):
+                m.d.comb += self.busy.eq(1)
+                m.d.sync += [clamp_first.eq(Mux(first > count, count, first)),
+                             clamp_last.eq(Mux(last > count, count, last))]
                 m.next = "EXEC"
             with m.State("EXEC"):
                 m.d.comb += self.busy.eq(1)

@@ -31,6 +31,7 @@ def run(program, count=1000):
             if ctx.get(seq.cmd.valid):
                 c = ctx.get(seq.cmd.payload)
                 out["cmds"].append((SeqOp(c.op), c.offset, c.length))
+                out.setdefault("xoffsets", []).append(c.xoffset)
                 await ctx.tick()
                 ctx.set(seq.cmd_done, 1)
                 await ctx.tick()
@@ -71,3 +72,20 @@ def test_in_range_copies_issue_and_an_out_of_range_one_stops_the_program():
             Instr(SeqOp.DONE)]
     got = run(send)
     assert got["cmds"] == [] and got["code"] == ErrorCode.CHUNK_RANGE
+
+
+def test_offsets_of_large_chunks_and_the_clamp_to_the_count():
+    """Chunks past 2**17 elements (both halves of the chunk size are multiplied), the
+    last chunk clamped to the count, and a SEND's offset at the peer from ``xchunk``."""
+    count = (1 << 21) + 12345
+    prog = [Instr(SeqOp.SETUP, step=5),
+            Instr(SeqOp.COPY, buf=Buf.OUT, chunk=4, count=1),
+            Instr(SeqOp.COPY, buf=Buf.OUT, chunk=1, count=3),
+            Instr(SeqOp.SEND, src=Buf.OUT, rbuf=Buf.TMP, peer=0, chunk=2, count=1, xchunk=3),
+            Instr(SeqOp.DONE)]
+    cs = -(-count // 5)
+    got = run(prog, count=count)
+    assert got["error"] == 0
+    assert got["cmds"] == [(SeqOp.COPY, 4 * cs, count - 4 * cs), (SeqOp.COPY, cs, 3 * cs),
+                           (SeqOp.SEND, 2 * cs, cs)]
+    assert got["xoffsets"][2] == 3 * cs
