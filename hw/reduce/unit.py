@@ -18,6 +18,7 @@ from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
 from fpgaccl.hw.stream.beat import beat_stream
+from fpgaccl.hw.stream.fifo import BeatFIFO
 from fpgaccl.proto.reduce import BITWISE_OPS, DTYPE_BITS, OP_BITS, DType, ReduceOp
 
 from .common import FloatFormat
@@ -30,7 +31,9 @@ INT_WIDTHS = (8, 16, 32, 64)
 FLOAT_TYPES = (DType.FLOAT16, DType.BFLOAT16, DType.FLOAT32, DType.FLOAT64)
 # Every lane result is padded to the slowest lane, then one register selects the result.
 LANE_LATENCY = max(IntLane.latency, FloatAdd.latency, FloatMul.latency, FloatMinMax.latency)
-LATENCY = LANE_LATENCY + 1
+PATH_LATENCY = LANE_LATENCY + 1   # ReduceDatapath: the lanes, then the result select
+OUT_DEPTH = PATH_LATENCY + 3      # beats the output FIFO holds: in flight + its own latency
+LATENCY = PATH_LATENCY + 2        # taken -> offered, through the FIFO's registered output
 
 
 def _lane_kinds() -> dict[tuple[str, str], tuple[int, object, int]]:
@@ -230,10 +233,11 @@ class ReduceUnit(wiring.Component):
     (little-endian bytes, as on the wire). ``keep``/``first``/``last`` of the result are
     those of ``a``: the operand streams are expected to be aligned beat for beat.
 
-    Flow control stalls the whole pipeline while the output holds a beat nobody takes;
-    bubbles still drain, and the output is a register. (The stall enable fans out to
-    every pipeline register; if that limits fmax on a board, an output skid buffer of
-    LATENCY beats would let the pipeline run free instead.)
+    The pipeline never stalls: its results go into an output FIFO with room for every
+    beat in flight, and a beat is taken only while the FIFO and the pipeline together
+    hold fewer than :data:`OUT_DEPTH` (a count kept in one register). A stall enable
+    would fan out to every pipeline register (3,500 flip-flops in the ECP5 node), which
+    placement cannot keep short.
 
     Every lane kind (integer per width; float add/mul/min-max per format) is built for
     every element position and the result is selected by dtype/op: simple and uniform,
@@ -265,37 +269,39 @@ class ReduceUnit(wiring.Component):
 
     def elaborate(self, platform) -> Module:
         m = Module()
-        advance = Signal()
-        m.d.comb += advance.eq(~self.o.valid | self.o.ready)
         path = self.path
-        m.submodules.path = EnableInserter(advance)(path)
-        m.d.comb += path.en.eq(advance)
+        m.submodules.path = path
+        m.d.comb += path.en.eq(1)
+        m.submodules.out = out = BeatFIFO(self.width, OUT_DEPTH)
+        wiring.connect(m, out.o, wiring.flipped(self.o))
 
-        both = self.a.valid & self.b.valid
+        # Beats in the pipeline or the FIFO: a new one is taken only while there is room
+        # for it, so the FIFO never refuses what the pipeline delivers.
+        held = Signal(range(OUT_DEPTH + 1))
         take = Signal()
         m.d.comb += [
-            take.eq(both & advance),
+            take.eq(self.a.valid & self.b.valid & (held < OUT_DEPTH)),
             self.a.ready.eq(take),
             self.b.ready.eq(take),
             path.a.eq(self.a.payload.data),
             path.b.eq(self.b.payload.data),
             path.dtype.eq(self.dtype),
             path.op.eq(self.op),
-            self.o.payload.data.eq(path.o),
         ]
+        m.d.sync += held.eq(held + take - (out.o.valid & out.o.ready))
 
-        # Valid and framing ride alongside the data, stalled by the same enable.
-        prev = Cat(both, self.a.payload.keep, self.a.payload.first, self.a.payload.last)
-        for i in range(LATENCY):
+        # Valid and framing ride alongside the data.
+        prev = Cat(take, self.a.payload.keep, self.a.payload.first, self.a.payload.last)
+        for i in range(PATH_LATENCY):
             r = Signal(len(prev), name=f"side_{i}")
-            with m.If(advance):
-                m.d.sync += r.eq(prev)
+            m.d.sync += r.eq(prev)
             prev = r
         kw = len(self.a.payload.keep)
         m.d.comb += [
-            self.o.valid.eq(prev[0]),
-            self.o.payload.keep.eq(prev[1:1 + kw]),
-            self.o.payload.first.eq(prev[1 + kw]),
-            self.o.payload.last.eq(prev[2 + kw]),
+            out.i.valid.eq(prev[0]),
+            out.i.payload.data.eq(path.o),
+            out.i.payload.keep.eq(prev[1:1 + kw]),
+            out.i.payload.first.eq(prev[1 + kw]),
+            out.i.payload.last.eq(prev[2 + kw]),
         ]
         return m
