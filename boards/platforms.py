@@ -144,7 +144,9 @@ _ECP5_TOOLS = ("YOSYS", "NEXTPNR_ECP5", "ECPPACK")
 # it became a balanced AND-OR tree the stock synth_ecp5 flow maps the node. router1: on
 # the full node at 4b2cd39 router2 diverged (overused wires 16.7k at iteration 9, 27.0k at
 # 17, ~90 s an iteration here) while router1 routed the same placement in 2007 s.
-_ECP5_OPTS = {"nextpnr_opts": "--router router1"}
+# --timing-allow-fail: a node that misses the 100 MHz target still gets its bitstream (it
+# runs at the Fmax the report gives); the report table says the target was missed.
+_ECP5_OPTS = {"nextpnr_opts": "--router router1 --timing-allow-fail"}
 _ICE40_TOOLS = ("YOSYS", "NEXTPNR_ICE40", "ICEPACK")
 
 BOARDS: dict[str, Board] = {b.name: b for b in (
