@@ -202,6 +202,15 @@ class Responder(wiring.Component):
         h = Signal(HDR)
         q_hit, q = Signal(), Signal(range(max(nqp, 2)))
         key_ok, right_ok, bound_ok = Signal(), Signal(), Signal()
+        # The opcode's classes are flops, decoded as the header is taken: CHECK's verdict
+        # (the node's slowest path once routed) then starts from registers.
+        is_write, is_first, is_end, is_imm = (Signal(name=n) for n in
+                                              ("is_write", "is_first", "is_end", "is_imm"))
+        hq_op = hq.bth.opcode
+        classes = [(is_write, _in_set(m, hq_op, WRITE_OPS, "hq_is_write")),
+                   (is_first, _in_set(m, hq_op, _FIRST, "hq_is_first")),
+                   (is_end, _in_set(m, hq_op, _END, "hq_is_end")),
+                   (is_imm, _in_set(m, hq_op, _IMM, "hq_is_imm"))]
 
         def take_next():
             """Move the waiting header (if any) into the check stage; returns nothing,
@@ -212,13 +221,8 @@ class Responder(wiring.Component):
                 m.d.sync += [h.eq(hq), q_hit.eq(hit), q.eq(idx), key_ok.eq(k_hit.any()),
                              right_ok.eq((first_hot & k_right).any()),
                              bound_ok.eq((first_hot & k_bound).any())]
+                m.d.sync += [flag.eq(v) for flag, v in classes]
                 m.next = "PICK"
-
-        opcode = h.bth.opcode
-        is_write = _in_set(m, opcode, WRITE_OPS, "is_write")
-        is_first = _in_set(m, opcode, _FIRST, "is_first")
-        is_end = _in_set(m, opcode, _END, "is_end")
-        is_imm = _in_set(m, opcode, _IMM, "is_imm")
 
         # PICK (the cycle after a header is taken) reads the QP's context through 8:1
         # muxes and works out the PSN distance and the length test into flops; CHECK
@@ -246,9 +250,12 @@ class Responder(wiring.Component):
         def count(reason):
             sat_inc(m, self.drops[reason])
 
+        q_hot = Signal(nqp)     # q one-hot, registered in PICK: CHECK's per-QP enables
+        pre_ok = Signal()       # PICK's part of the accept verdict
+
         def set_q(sigs, value):
             for i, s in enumerate(sigs):
-                with m.If(q == i):
+                with m.If(q_hot[i]):
                     m.d.sync += s.eq(value)
 
         def nak(code, psn):
@@ -282,12 +289,55 @@ class Responder(wiring.Component):
                     with m.If(pend_owe):
                         m.d.sync += ack_owed[i].eq(1)
 
+        def accept():
+            """CHECK's accept: the packet is the next of its QP's WRITE and fits it."""
+            sat_inc(m, self.accepted)
+            set_q(epsn, h.bth.psn + 1)
+            set_q(nak_sent, 0)
+            set_q(w_va, va + n)
+            set_q(w_rem, rem - n)
+            set_q(w_open, ~is_end)
+            with m.If(is_first):
+                set_q(m_va, h.reth.va)
+                set_q(m_len, h.reth.dlen)
+            owe = h.bth.ackreq | is_end
+            if self.ack_every:
+                owe = owe | (cur_since + 1 >= self.ack_every)
+            # The count restarts when an ACK is decided, not when it leaves.
+            set_q(since, Mux(owe, 0, cur_since + 1))
+            with m.If(is_end):
+                set_q(msn, cur_msn + 1)
+            m.d.sync += [
+                self.cmpl.payload.qp.eq(q),
+                self.cmpl.payload.va.eq(Mux(is_first, h.reth.va, cur_mva)),
+                self.cmpl.payload.len.eq(Mux(is_first, h.reth.dlen, cur_mlen)),
+                self.cmpl.payload.imm.eq(h.immdt.imm),
+                self.cmpl.payload.has_imm.eq(is_imm),
+            ]
+            with m.If(has_payload):
+                m.d.sync += [pend.eq(1), pend_q.eq(q), pend_owe.eq(owe),
+                             pend_cmpl.eq(is_end), pend_psn.eq(h.bth.psn)]
+            with m.Else():
+                set_q(done, h.bth.psn)
+                with m.If(owe):
+                    set_q(ack_owed, 1)
+                m.d.sync += self.cmpl.valid.eq(is_end)
+            m.d.sync += w_addr.eq(va)
+            after(True)
+
         with m.FSM(name="rx"):
             with m.State("IDLE"):
                 take_next()
 
             with m.State("PICK"):
                 m.d.sync += [v.eq(picked[k]) for k, v in cur.items()]
+                # Every test of CHECK's accept that does not need the PSN distance or
+                # the length, into one flop: CHECK's accept is then a 4-input AND.
+                m.d.sync += [
+                    q_hot.eq(Cat(q == i for i in range(nqp))),
+                    pre_ok.eq(q_hit & is_write & Mux(is_first, key_ok & right_ok & bound_ok,
+                                                     picked["open"])),
+                ]
                 m.d.sync += [
                     dup.eq(behind(d)), ooo.eq(d != 0),
                     rem.eq(p_rem), va.eq(Mux(is_first, h.reth.va, picked["va"])),
@@ -302,7 +352,9 @@ class Responder(wiring.Component):
             # One receive-completion slot, registered, and one packet awaiting its
             # write: CHECK waits until both are free.
             with m.State("CHECK"), m.If(~self.cmpl.valid & ~pend):
-                with m.If(~q_hit):
+                with m.If(pre_ok & ~dup & ~ooo & ~len_bad):
+                    accept()
+                with m.Elif(~q_hit):
                     count(DropReason.BAD_QPN)
                     after(False)
                 with m.Elif(~is_write):
@@ -339,41 +391,6 @@ class Responder(wiring.Component):
                     set_q(w_open, 0)
                     nak(NakCode.REMOTE_ACCESS_ERROR, h.bth.psn)
                     after(False)
-                with m.Else():
-                    sat_inc(m, self.accepted)
-                    set_q(epsn, h.bth.psn + 1)
-                    set_q(nak_sent, 0)
-                    set_q(w_va, va + n)
-                    set_q(w_rem, rem - n)
-                    set_q(w_open, ~is_end)
-                    with m.If(is_first):
-                        set_q(m_va, h.reth.va)
-                        set_q(m_len, h.reth.dlen)
-                    owe = h.bth.ackreq | is_end
-                    if self.ack_every:
-                        owe = owe | (cur_since + 1 >= self.ack_every)
-                    # The count restarts when an ACK is decided, not when it leaves.
-                    set_q(since, Mux(owe, 0, cur_since + 1))
-                    with m.If(is_end):
-                        set_q(msn, cur_msn + 1)
-                    m.d.sync += [
-                        self.cmpl.payload.qp.eq(q),
-                        self.cmpl.payload.va.eq(Mux(is_first, h.reth.va, cur_mva)),
-                        self.cmpl.payload.len.eq(Mux(is_first, h.reth.dlen, cur_mlen)),
-                        self.cmpl.payload.imm.eq(h.immdt.imm),
-                        self.cmpl.payload.has_imm.eq(is_imm),
-                    ]
-                    with m.If(has_payload):
-                        m.d.sync += [pend.eq(1), pend_q.eq(q), pend_owe.eq(owe),
-                                     pend_cmpl.eq(is_end), pend_psn.eq(h.bth.psn)]
-                    with m.Else():
-                        set_q(done, h.bth.psn)
-                        with m.If(owe):
-                            set_q(ack_owed, 1)
-                        m.d.sync += self.cmpl.valid.eq(is_end)
-                    m.d.sync += w_addr.eq(va)
-                    after(True)
-
             with m.State("DRAIN"):
                 m.d.comb += self.data.ready.eq(1)
                 with m.If(self.data.valid & self.data.payload.last):

@@ -204,3 +204,17 @@ def test_unknown_qpn_and_orphan_middle():
     acks, mem, _, drops = run([(h, p), (mid, bytes(8))])
     assert drops == {DropReason.BAD_QPN: 1, DropReason.ACCESS_DENIED: 1}
     assert ack_list(acks) == [(nak(NakCode.INVALID_REQUEST), 0)] and mem == {}
+
+
+def test_gap_inside_a_message_and_a_non_write_opcode_are_not_accepted():
+    # A MIDDLE ahead of its turn fits the WRITE's length, so only the PSN test can stop
+    # it; a SEND MIDDLE with the right PSN inside an open WRITE only the opcode test.
+    data = bytes(random.Random(5).getrandbits(8) for _ in range(128))
+    pkts = message(0, data)  # 4 packets
+    send_mid = dict(pkts[1][0], bth=dict(pkts[1][0]["bth"], opcode=int(Opcode.SEND_MIDDLE)))
+    seq = [pkts[0], pkts[2], (send_mid, bytes(32)), pkts[1], pkts[2], pkts[3]]
+    acks, mem, cmpls, drops = run(seq)
+    assert drops == {DropReason.PSN_OUT_OF_ORDER: 1, DropReason.UNKNOWN_OPCODE: 1}
+    assert ack_list(acks) == [(nak(NakCode.PSN_SEQUENCE_ERROR), 1), (ACK, 3)]
+    assert mem_bytes(mem, BASE, 128) == data and len(mem) == 128
+    assert len(cmpls) == 1
