@@ -150,28 +150,35 @@ class Router(wiring.Component):
             m.d.sync += [l_busy.eq(1), l_buf.eq(c.dst), l_lo.eq(lo), l_hi.eq(hi),
                          self.cmd_done.eq(1), c.op.eq(int(SeqOp.NOP))]
 
-        # The command's addresses, worked out while its hazards are judged (the same
-        # cycle, so no added latency): dispatch then only loads registers, where a
-        # 32-way pick of a remote base and a 64-bit add used to sit. `c` and the
-        # context hold still while the command waits, so these stay its own.
+        # The command's addresses, in two registered steps so that no cycle holds both a
+        # wide pick and a 64-bit add: the buffer bases (a 4-way pick, and for a SEND
+        # the 32-way pick of the peer's base and key) are registered as the command is
+        # taken, from the sequencer's registered payload; the judged cycle adds the
+        # offsets. Dispatch then only loads registers. `c` and the context hold still
+        # while the command waits, so these stay its own.
         nbytes = Signal(33 + 7)
+        p_src, p_dst, p_scr, p_raddr = (Signal(64, name=f"p_{n}")
+                                        for n in ("src", "dst", "scr", "raddr"))
         a_src, a_dst, a_scr, a_raddr = (Signal(64, name=f"a_{n}")
                                         for n in ("src", "dst", "scr", "raddr"))
         a_rkey = Signal.like(ctx.rkey[0][0])
         m.d.sync += [
             nbytes.eq(c.length << shift),
-            a_src.eq(base[c.src] + (c.offset << shift)),
-            a_dst.eq(base[c.dst] + (c.offset << shift)),
-            a_scr.eq(base[c.scratch] + (c.xoffset << shift)),
-            a_raddr.eq(rbase[c.peer][c.dst] + (c.xoffset << shift)),
-            a_rkey.eq(rkey[c.peer][c.dst]),
+            a_src.eq(p_src + (c.offset << shift)),
+            a_dst.eq(p_dst + (c.offset << shift)),
+            a_scr.eq(p_scr + (c.xoffset << shift)),
+            a_raddr.eq(p_raddr + (c.xoffset << shift)),
         ]
         # `c.op` is NOP while no command waits (commands never carry NOP).
         with m.If(c.op == int(SeqOp.NOP)):
             m.d.comb += self.cmd.ready.eq(1)
             with m.If(self.cmd.valid):
-                m.d.sync += [c.eq(self.cmd.payload),
-                             c_hi.eq(self.cmd.payload.offset + self.cmd.payload.length)]
+                nc = self.cmd.payload
+                m.d.sync += [c.eq(nc), c_hi.eq(nc.offset + nc.length),
+                             p_src.eq(base[nc.src]), p_dst.eq(base[nc.dst]),
+                             p_scr.eq(base[nc.scratch]),
+                             p_raddr.eq(rbase[nc.peer][nc.dst]),
+                             a_rkey.eq(rkey[nc.peer][nc.dst])]
         with m.Switch(c.op):
             with m.Case(int(SeqOp.NOP)):
                 pass
