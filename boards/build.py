@@ -110,8 +110,12 @@ def make_plan(board: Board, config: NodeConfig, core_factory: CoreFactory | None
     """Amaranth's BuildPlan for ``config`` on ``board`` (nothing is run)."""
     opts = dict(board.build_opts)
     if board.open_flow:
+        # The detailed report carries every routed net's delay to each sink: with it
+        # `.depth` ranks the worst routed path into each block, where nextpnr names
+        # only the one worst path of the clock.
         opts["nextpnr_opts"] = " ".join(filter(None, (opts.get("nextpnr_opts"),
-                                                     "--report report.json")))
+                                                     "--report report.json",
+                                                     "--detailed-timing-report")))
     top = BoardTop(board, config, core_factory)
     # No source locations in the RTLIL: the key then follows the design, not the
     # checkout's path or a comment moving a line.
