@@ -131,6 +131,10 @@ class Router(wiring.Component):
                          for p in range(self.peers))),
         ]
         raw = l_busy & o_raw
+        # c.peer one-hot, loaded with the command: the SEND's own busy flag and its
+        # set are then an AND-OR and per-bit enables, not an 8:1 pick and a decode
+        # (dispatch -> s_busy was 10.1 ns routed at a129e4e).
+        c_hot = Signal(self.peers)
         war = (s_busy & o_war).any()
         desc_free = ~self.desc.valid
         m.d.comb += self.idle.eq(~s_busy.any() & ~l_busy & desc_free & ~self.copy_job.valid
@@ -175,6 +179,7 @@ class Router(wiring.Component):
             with m.If(self.cmd.valid):
                 nc = self.cmd.payload
                 m.d.sync += [c.eq(nc), c_hi.eq(nc.offset + nc.length),
+                             c_hot.eq(Cat(nc.peer == p for p in range(self.peers))),
                              p_src.eq(base[nc.src]), p_dst.eq(base[nc.dst]),
                              p_scr.eq(base[nc.scratch]),
                              p_raddr.eq(rbase[nc.peer][nc.dst]),
@@ -198,7 +203,7 @@ class Router(wiring.Component):
                 take_local()
             with m.Case(int(SeqOp.SEND), int(SeqOp.GRANT)):
                 is_grant = c.op == int(SeqOp.GRANT)
-                blocked = Mux(is_grant, s_busy.any() | l_busy, s_busy.bit_select(c.peer, 1) | raw)
+                blocked = Mux(is_grant, s_busy.any() | l_busy, (s_busy & c_hot).any() | raw)
                 with m.If(judged & desc_free & ~blocked):
                     d = self.desc.payload
                     imm = Signal(_IMM)
@@ -210,11 +215,14 @@ class Router(wiring.Component):
                         d.len.eq(Mux(is_grant, 0, nbytes)),
                         d.imm.eq(imm.as_value()), d.has_imm.eq(1),
                         self.desc.valid.eq(1),
-                        s_busy.bit_select(c.peer, 1).eq(1),
                         s_buf[c.peer].eq(c.src),
                         s_lo[c.peer].eq(lo),
                         s_hi[c.peer].eq(Mux(is_grant, lo, hi)),
                         self.cmd_done.eq(1), c.op.eq(int(SeqOp.NOP))]
+                    # Bit by bit: a completion may free another peer in this cycle.
+                    for p in range(self.peers):
+                        with m.If(c_hot[p]):
+                            m.d.sync += s_busy[p].eq(1)
             with m.Default():
                 m.d.sync += [self.error.eq(1), c.op.eq(int(SeqOp.NOP))]
 

@@ -167,7 +167,11 @@ class Responder(wiring.Component):
         hq_v = Signal()
         hq_new = Signal()
         take = Signal()
-        m.d.comb += self.hdr.ready.eq(~hq_v | take)
+        # Ready from the flop alone: the stage refills the cycle after a take. Ready
+        # from `take` ran the whole CHECK verdict into the parser's header FIFO read
+        # enable (10.6 ns routed at a129e4e), and a header spends two cycles in PICK
+        # and CHECK anyway.
+        m.d.comb += self.hdr.ready.eq(~hq_v)
         with m.If(take):
             m.d.sync += hq_v.eq(0)
         m.d.sync += hq_new.eq(self.hdr.valid & self.hdr.ready)
@@ -236,7 +240,14 @@ class Responder(wiring.Component):
                if name not in ("va", "rem")}       # those two go into va/rem below
         cur_epsn, cur_nak_sent, cur_open = cur["epsn"], cur["nak_sent"], cur["open"]
         cur_mva, cur_mlen, cur_msn, cur_since = cur["mva"], cur["mlen"], cur["msn"], cur["since"]
-        d = psn_sub(m, h.bth.psn, picked["epsn"], "rx_d")
+        # The PSN tests against every QP's expected PSN side by side, then the pick of
+        # two bits: the 8:1 pick of a 24-bit PSN ahead of the subtraction and the
+        # compare was the routed critical path at a129e4e (10.9 ns, q -> epsn pick ->
+        # borrow chain -> `ooo`).
+        dup_v, ooo_v = Signal(nqp), Signal(nqp)
+        for i in range(nqp):
+            m.d.comb += [dup_v[i].eq(behind(psn_sub(m, h.bth.psn, epsn[i], f"rx_d{i}"))),
+                         ooo_v[i].eq(h.bth.psn != epsn[i])]
         n = h.payload_len
         p_rem = Signal(32)
         m.d.comb += p_rem.eq(Mux(is_first, h.reth.dlen, picked["rem"]))
@@ -339,7 +350,7 @@ class Responder(wiring.Component):
                                                      picked["open"])),
                 ]
                 m.d.sync += [
-                    dup.eq(behind(d)), ooo.eq(d != 0),
+                    dup.eq(dup_v.bit_select(q, 1)), ooo.eq(ooo_v.bit_select(q, 1)),
                     rem.eq(p_rem), va.eq(Mux(is_first, h.reth.va, picked["va"])),
                     # Both candidates' tests side by side, then the pick (not the
                     # pick, then a 32-bit compare).

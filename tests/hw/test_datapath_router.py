@@ -144,6 +144,25 @@ def test_one_message_per_peer_and_grant_drains_everything():
     run(script)
 
 
+def test_a_completion_in_a_dispatch_cycle_is_not_lost():
+    # Peer 1's completion lands at every cycle around peer 2's dispatch, one of them
+    # the dispatch's own: both busy flags change then, and neither may be lost.
+    for delay in range(5):
+        async def script(ctx, dut, delay=delay):
+            await issue(ctx, dut, command(SeqOp.SEND, peer=1, offset=0, length=8))
+            await watch(ctx, dut, 2)
+            await issue(ctx, dut, command(SeqOp.SEND, peer=2, offset=8, length=8))
+            for _ in range(delay):
+                await ctx.tick()
+            await complete_send(ctx, dut, 1)
+            await watch(ctx, dut, 4)
+            assert not ctx.get(dut.idle)
+            await complete_send(ctx, dut, 2)
+            await ctx.tick()
+            assert ctx.get(dut.idle), f"completion {delay} cycles after the take"
+        run(script)
+
+
 def test_hazards_are_judged_against_the_command_just_taken():
     """The command before left no hazard against its own buffers (a SEND landing in the
     peer's TMP, a reduction reading IN), but the next one overlaps what it put in flight:

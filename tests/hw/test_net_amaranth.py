@@ -31,13 +31,15 @@ async def send(ctx, port, items):
     ctx.set(port.valid, 0)
 
 
-async def collect(ctx, port, out, until):
-    ctx.set(port.ready, 1)
+async def collect(ctx, port, out, until, stall=None):
+    """Take beats until ``until()``; ``stall`` (a random.Random) drops ready at random."""
     while not until():
+        ready = 1 if stall is None else int(stall.random() < 0.4)
+        ctx.set(port.ready, ready)
         valid = ctx.get(port.valid)
         payload = ctx.get(port.payload.as_value())
         await ctx.tick()
-        if valid:
+        if valid and ready:
             out.append(payload)
 
 
@@ -65,7 +67,9 @@ def packets():
     return out
 
 
-def test_builder_on_amaranth_simulator(packets):
+@pytest.mark.parametrize("stall", [False, True], ids=["ready", "stalled"])
+def test_builder_on_amaranth_simulator(packets, stall):
+    # Stalled: the output FIFO fills and its room, not the input, paces the pipeline.
     dut = RoceBuilder(WIDTH)
     sim = Simulator(dut)
     sim.add_clock(1e-8)
@@ -79,12 +83,13 @@ def test_builder_on_amaranth_simulator(packets):
         await send(ctx, dut.i, [b for _, p, _ in packets if p for b in frame_to_beats(p, WIDTH)])
 
     async def sink(ctx):
-        await collect(ctx, dut.o, got, lambda: len(split_frames(got)) == len(want))
+        await collect(ctx, dut.o, got, lambda: len(split_frames(got)) == len(want),
+                      random.Random(9) if stall else None)
 
     sim.add_testbench(headers, background=True)
     sim.add_testbench(payloads, background=True)
     sim.add_testbench(sink)
-    sim.run_until(1e-8 * 400)
+    sim.run_until(1e-8 * (2000 if stall else 400))
     assert split_frames(got) == want
 
 
