@@ -110,9 +110,9 @@ def make_plan(board: Board, config: NodeConfig, core_factory: CoreFactory | None
     """Amaranth's BuildPlan for ``config`` on ``board`` (nothing is run)."""
     opts = dict(board.build_opts)
     if board.open_flow:
-        # The detailed report carries every routed net's delay to each sink: with it
-        # `.depth` ranks the worst routed path into each block, where nextpnr names
-        # only the one worst path of the clock.
+        # The detailed report carries the routed arrival at every register input: with
+        # it `.slack` ranks the worst input of each block, where nextpnr names only the
+        # one worst path of the clock.
         opts["nextpnr_opts"] = " ".join(filter(None, (opts.get("nextpnr_opts"),
                                                      "--report report.json",
                                                      "--detailed-timing-report")))

@@ -153,14 +153,17 @@ class Responder(wiring.Component):
                     a_nak, Const(int(AethKind.NAK) << 5, 8) | pick(nak_code, a, 5, m, "a_code"),
                     ACK_SYNDROME)),
             ]
+            with m.If(a_owes):
+                with m.If(a_nak):
+                    sat_inc(m, self.naks_tx)
+                with m.Else():
+                    sat_inc(m, self.acks_tx)
             for i in range(nqp):
-                with m.If((a == i) & (ack_owed[i] | nak_owed[i])):
+                with m.If(a == i):
                     with m.If(nak_owed[i]):
                         m.d.sync += nak_owed[i].eq(0)
-                        sat_inc(m, self.naks_tx)
                     with m.Else():
                         m.d.sync += ack_owed[i].eq(0)
-                        sat_inc(m, self.acks_tx)
 
         # Header stage: one header waits here, with its QP and region lookups computed
         # from flops, while the previous packet's payload still streams.
