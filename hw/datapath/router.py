@@ -223,10 +223,12 @@ class Router(wiring.Component):
             with m.Default():
                 m.d.sync += [self.error.eq(1), c.op.eq(int(SeqOp.NOP))]
 
-        # A free peer slot holds the waiting SEND's (or GRANT's) range from before its
-        # dispatch: the range only counts while the slot is busy, and the dispatch cycle
-        # loads it too (the slot is free then). The dispatch decision in these ~70 flops'
-        # enables per peer was the router's routed worst (10.56 ns to `s_buf7` at 1ebd86a).
+        # A peer slot takes the waiting SEND's (or GRANT's) range from the cycle it is
+        # judged, before its dispatch: the ranges are only read by the WAR tests of
+        # COPY/RECV_REDUCE, and none is judged while this command waits (one command at
+        # a time, in order), so the slot's old range is not needed once it comes. The
+        # dispatch decision in these ~70 flops' enables per peer was the router's routed
+        # worst (10.56 ns to `s_buf7` at 1ebd86a).
         c_sends = Signal()      # c is a SEND or GRANT, loaded with the command
         with m.If((c.op == int(SeqOp.NOP)) & self.cmd.valid):
             m.d.sync += c_sends.eq((self.cmd.payload.op == int(SeqOp.SEND))
@@ -234,7 +236,7 @@ class Router(wiring.Component):
         with m.Elif(self.cmd_done):
             m.d.sync += c_sends.eq(0)
         for p in range(self.peers):
-            with m.If(c_sends & c_hot[p] & ~s_busy[p]):
+            with m.If(c_sends & c_hot[p]):
                 m.d.sync += [s_buf[p].eq(c.src), s_lo[p].eq(lo),
                              s_hi[p].eq(Mux(c.op == int(SeqOp.GRANT), lo, hi))]
 

@@ -14,6 +14,7 @@ W = 64
 NB = W // 8
 MTU = 32
 LQPN, RQPN = 0x000123, 0x000456
+LQPN0, RQPN0 = 0x000777, 0x000888     # QP index 0, where a test brings it up too
 ACK = aeth_syndrome(AethKind.ACK, 0x1F)
 
 
@@ -21,13 +22,14 @@ def src_byte(addr):
     return (addr * 7 + 3) & 0xFF
 
 
-def ack(psn, syndrome=ACK):
-    return hdr(opcode=Opcode.ACKNOWLEDGE, psn=psn & 0xFFFFFF, dqpn=LQPN,
+def ack(psn, syndrome=ACK, dqpn=LQPN):
+    return hdr(opcode=Opcode.ACKNOWLEDGE, psn=psn & 0xFFFFFF, dqpn=dqpn,
                aeth={"syndrome": syndrome, "msn": 0})
 
 
-def run(descs, peer, *, npsn=0, timeout=400, max_retries=3, cycles=1500):
-    """``peer(packet_index, header, payload)`` returns ACK headers to answer with."""
+def run(descs, peer, *, npsn=0, timeout=400, max_retries=3, cycles=1500, qp0=False):
+    """``peer(packet_index, header, payload)`` returns ACK headers to answer with.
+    QP index 1 is up; with ``qp0`` index 0 too (QPNs ``LQPN0``/``RQPN0``, PSN 0)."""
     dut = Requester(W, nqp=2, mtu=MTU, window=8, ackreq_every=2, timeout=timeout,
                     max_retries=max_retries)
     pkts, cmpls, state = [], [], {}
@@ -37,8 +39,13 @@ def run(descs, peer, *, npsn=0, timeout=400, max_retries=3, cycles=1500):
         ctx.set(qp.local_qpn.value, LQPN)
         ctx.set(qp.remote_qpn.value, RQPN)
         ctx.set(qp.next_psn.value, npsn)
+        if qp0:
+            ctx.set(dut.qp_ctl[0].local_qpn.value, LQPN0)
+            ctx.set(dut.qp_ctl[0].remote_qpn.value, RQPN0)
         await ctx.tick().repeat(2)
         ctx.set(qp.state.state, QPState.RTS)
+        if qp0:
+            ctx.set(dut.qp_ctl[0].state.state, QPState.RTS)
         dq = list(descs)
         reads, resp, acks = [], [], []
         hq, buf = [], bytearray()  # headers waiting for their payload, in order
@@ -190,3 +197,30 @@ def test_psn_wrap_and_stale_acks_ignored():
     pkts, cmpls, _ = run([desc(4 * MTU)], peer, npsn=0xFFFFFE)
     assert [h["bth"]["psn"] for h, _ in pkts] == [0xFFFFFE, 0xFFFFFF, 0, 1]
     assert cmpls == [(1, Status.OK)]
+
+
+def test_retry_limit_is_the_timed_out_qps_own():
+    """QP 1's peer is dead: QP 1 uses up its retries and fails. Meanwhile QP 0 streams
+    messages, and one of its packets is lost once QP 1's retries are used up: QP 0's own
+    retry count decides that timeout, so it retransmits and every message completes."""
+    st = {"qp1_sent": 0, "lost": None}
+
+    def peer(i, h, p):
+        if h["qp"] == 1:
+            st["qp1_sent"] += 1
+            return []
+        psn = h["bth"]["psn"]
+        if st["lost"] is None and st["qp1_sent"] >= 3:   # QP 1 at its retry limit
+            st["lost"] = psn
+            return []
+        return [ack(psn, dqpn=LQPN0)] if h["bth"]["ackreq"] else []
+
+    n0 = 40
+    pkts, cmpls, state = run([desc(8)] + [desc(8, qp=0, imm=k) for k in range(n0)], peer,
+                             timeout=100, max_retries=2, cycles=3000, qp0=True)
+    assert st["lost"] is not None
+    assert [c for c in cmpls if c[0] == 1] == [(1, Status.RETRY_EXCEEDED)]
+    assert [c for c in cmpls if c[0] == 0] == [(0, Status.OK)] * n0
+    assert state["error"] == 0b10 and state["timeouts"] >= 3
+    psns0 = [h["bth"]["psn"] for h, _ in pkts if h["qp"] == 0]
+    assert psns0.count(st["lost"]) == 2 and sorted(set(psns0)) == list(range(n0))

@@ -218,3 +218,32 @@ def test_gap_inside_a_message_and_a_non_write_opcode_are_not_accepted():
     assert ack_list(acks) == [(nak(NakCode.PSN_SEQUENCE_ERROR), 1), (ACK, 3)]
     assert mem_bytes(mem, BASE, 128) == data and len(mem) == 128
     assert len(cmpls) == 1
+
+
+
+def test_back_to_back_zero_length_writes_see_each_others_context():
+    """Zero-length WRITE-with-immediate (the sequencer's grants) right behind other
+    packets on one QP, with memory stalling the writes so that a grant's CHECK waits and
+    the next header is ready when it decides: each packet is checked against the context
+    its predecessor committed (CHECK decides, the next cycle commits), so none is taken
+    for a gap or a duplicate, and a repeated gap still NAKs once."""
+    pkts = []
+    for psn in range(0, 12, 3):
+        pkts += [message(psn, bytes([psn]) * 8, va=BASE + 8 * psn)[0],
+                 message(psn + 1, b"", imm=0x100 + psn)[0],
+                 message(psn + 2, b"", imm=0x200 + psn)[0]]
+    acks, mem, cmpls, drops = run(pkts, stall=0.6)
+    assert drops == {}
+    assert [c[3] for c in cmpls] == [x for psn in range(0, 12, 3)
+                                     for x in (0x10002, 0x100 + psn, 0x200 + psn)]
+    assert all(mem_bytes(mem, BASE + 8 * psn, 8) == bytes([psn]) * 8 for psn in range(0, 12, 3))
+    assert ack_list(acks)[-1] == (ACK, 11) and acks[-1]["aeth"]["msn"] == 12
+    g = [message(psn, b"", imm=0x100 + psn)[0] for psn in range(4)]
+    head = message(0, b"x" * 8, va=BASE)[0]
+    seq = [head, g[2], g[2], g[3], g[1], g[2], g[3]]
+    acks, _, cmpls, drops = run([(dict(h, bth=dict(h["bth"], psn=0)) if h is head else h, p)
+                                 for h, p in seq], stall=0.6)
+    assert drops == {DropReason.PSN_OUT_OF_ORDER: 3}
+    assert [a for a in ack_list(acks) if a[0] != ACK] == [(nak(NakCode.PSN_SEQUENCE_ERROR), 1)]
+    assert ack_list(acks)[-1] == (ACK, 3)
+    assert [c[3] for c in cmpls] == [0x10002, 0x101, 0x102, 0x103]
