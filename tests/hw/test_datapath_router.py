@@ -210,3 +210,20 @@ def test_jobs_and_descriptors_carry_the_commands_addresses():
             0x1000 * (int(Buf.OUT) + 1) + 28, 8)
 
     run(script)
+
+
+def test_local_commands_leave_the_peers_ranges_alone():
+    """A peer slot takes a SEND's range before its dispatch, and only a SEND's (or
+    GRANT's): a reduction whose (unused) peer field names a busy peer must not replace
+    that peer's in-flight range, or a later write over the SEND's source would pass."""
+    async def script(ctx, dut):
+        await issue(ctx, dut, command(SeqOp.SEND, peer=1, offset=0, length=8))
+        assert await watch(ctx, dut, 2) == {"desc", "done"}
+        await issue(ctx, dut, command(SeqOp.RECV_REDUCE, peer=1, offset=16, length=8))
+        assert await watch(ctx, dut, 4) == {"reduce_job", "done"}
+        await finish_reduce(ctx, dut)
+        await issue(ctx, dut, command(SeqOp.COPY, peer=1, src=Buf.IN, offset=4, length=8))
+        assert await watch(ctx, dut, 20) == set()
+        await complete_send(ctx, dut, 1)
+        assert await watch(ctx, dut, 4) == {"copy_job", "done"}
+    run(script)
