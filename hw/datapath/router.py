@@ -229,16 +229,18 @@ class Router(wiring.Component):
         # a time, in order), so the slot's old range is not needed once it comes. The
         # dispatch decision in these ~70 flops' enables per peer was the router's routed
         # worst (10.56 ns to `s_buf7` at 1ebd86a).
-        c_sends = Signal()      # c is a SEND or GRANT, loaded with the command
+        # Both flags are loaded with the command and, like `c`'s fields, kept until the
+        # next one: after the dispatch (`c.op` is NOP then) the slot reloads the same
+        # range, a GRANT's still empty.
+        c_sends, c_grant = Signal(), Signal()   # c is a SEND or GRANT / a GRANT
         with m.If((c.op == int(SeqOp.NOP)) & self.cmd.valid):
-            m.d.sync += c_sends.eq((self.cmd.payload.op == int(SeqOp.SEND))
-                                   | (self.cmd.payload.op == int(SeqOp.GRANT)))
-        with m.Elif(self.cmd_done):
-            m.d.sync += c_sends.eq(0)
+            nop = self.cmd.payload.op
+            m.d.sync += [c_sends.eq((nop == int(SeqOp.SEND)) | (nop == int(SeqOp.GRANT))),
+                         c_grant.eq(nop == int(SeqOp.GRANT))]
         for p in range(self.peers):
             with m.If(c_sends & c_hot[p]):
                 m.d.sync += [s_buf[p].eq(c.src), s_lo[p].eq(lo),
-                             s_hi[p].eq(Mux(c.op == int(SeqOp.GRANT), lo, hi))]
+                             s_hi[p].eq(Mux(c_grant, lo, hi))]
 
         # Received messages become sequencer events (the sequencer always accepts).
         imm_in = data.View(_IMM, self.recv.payload.imm)

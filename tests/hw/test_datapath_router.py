@@ -227,3 +227,16 @@ def test_local_commands_leave_the_peers_ranges_alone():
         await complete_send(ctx, dut, 1)
         assert await watch(ctx, dut, 4) == {"copy_job", "done"}
     run(script)
+
+
+def test_a_grant_in_flight_holds_no_range():
+    """A GRANT reads nothing, so while it is unacknowledged a write over the elements of
+    its command's offset/length still goes: its slot's range stays empty after the
+    dispatch too."""
+    async def script(ctx, dut):
+        await issue(ctx, dut, command(SeqOp.GRANT, peer=2, offset=0, length=8))
+        assert await watch(ctx, dut, 4) == {"desc", "done"}
+        await issue(ctx, dut, command(SeqOp.COPY, src=Buf.IN, dst=Buf.OUT, offset=0,
+                                      length=8))
+        assert await watch(ctx, dut, 4) == {"copy_job", "done"}
+    run(script)
