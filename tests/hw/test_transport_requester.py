@@ -224,3 +224,27 @@ def test_retry_limit_is_the_timed_out_qps_own():
     assert state["error"] == 0b10 and state["timeouts"] >= 3
     psns0 = [h["bth"]["psn"] for h, _ in pkts if h["qp"] == 0]
     assert psns0.count(st["lost"]) == 2 and sorted(set(psns0)) == list(range(n0))
+
+
+def test_an_ack_after_the_last_retry_gives_the_qp_its_retries_back():
+    """The peer is silent until the message's first packet has gone out three times
+    (two timeouts: QP 1 is at its limit of 2), then answers, but loses the last packet
+    once. The ACK that moved the window reset the retry count, so that loss costs one
+    more timeout and a retransmission, not the QP."""
+    seen = {"psn0": 0, "lost": False}
+
+    def peer(i, h, p):
+        psn = h["bth"]["psn"]
+        seen["psn0"] += psn == 0
+        if seen["psn0"] < 3:
+            return []
+        if psn == 3 and not seen["lost"]:
+            seen["lost"] = True
+            return []
+        return [ack(psn)] if h["bth"]["ackreq"] else []
+
+    pkts, cmpls, st = run([desc(4 * MTU)], peer, timeout=100, max_retries=2, cycles=3000)
+    assert seen["lost"] and cmpls == [(1, Status.OK)]
+    assert st["error"] == 0 and st["timeouts"] == 3
+    psns = [h["bth"]["psn"] for h, _ in pkts]
+    assert psns.count(0) == 3 and psns.count(3) == 4
