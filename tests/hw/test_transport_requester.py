@@ -248,3 +248,31 @@ def test_an_ack_after_the_last_retry_gives_the_qp_its_retries_back():
     assert st["error"] == 0 and st["timeouts"] == 3
     psns = [h["bth"]["psn"] for h, _ in pkts]
     assert psns.count(0) == 3 and psns.count(3) == 4
+
+
+def test_a_nak_that_moves_the_window_gives_the_qp_its_retries_back():
+    """As above, but the window moves by a PSN-sequence NAK (the peer lost the third
+    packet and saw the fourth), and the retransmitted last packet is lost once more:
+    that timeout is the QP's first since the NAK, so it retransmits."""
+    st = {"psn0": 0, "epsn": 0, "lost": set()}
+
+    def peer(i, h, p):
+        psn = h["bth"]["psn"]
+        st["psn0"] += psn == 0
+        if st["psn0"] < 3:
+            return []
+        if psn == 2 and "first" not in st["lost"]:
+            st["lost"].add("first")
+            return []
+        if psn > st["epsn"]:
+            return [ack(st["epsn"], aeth_syndrome(AethKind.NAK, NakCode.PSN_SEQUENCE_ERROR))]
+        if psn == 3 and "retransmit" not in st["lost"]:
+            st["lost"].add("retransmit")
+            return []
+        if psn == st["epsn"]:
+            st["epsn"] += 1
+        return [ack(psn)] if psn == 3 else []
+
+    pkts, cmpls, stats = run([desc(4 * MTU)], peer, timeout=100, max_retries=2, cycles=3000)
+    assert st["lost"] == {"first", "retransmit"} and cmpls == [(1, Status.OK)]
+    assert stats["error"] == 0 and stats["timeouts"] == 3
