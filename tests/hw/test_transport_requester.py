@@ -276,3 +276,5 @@ def test_a_nak_that_moves_the_window_gives_the_qp_its_retries_back():
     pkts, cmpls, stats = run([desc(4 * MTU)], peer, timeout=100, max_retries=2, cycles=3000)
     assert st["lost"] == {"first", "retransmit"} and cmpls == [(1, Status.OK)]
     assert stats["error"] == 0 and stats["timeouts"] == 3
+    # Back to the NAK's PSN, then (the timeout) back to the same PSN, nothing ACKed since.
+    assert [h["bth"]["psn"] for h, _ in pkts][-4:] == [2, 3, 2, 3]
