@@ -234,9 +234,9 @@ class Router(wiring.Component):
         # range, a GRANT's still empty.
         c_sends, c_grant = Signal(), Signal()   # c is a SEND or GRANT / a GRANT
         with m.If((c.op == int(SeqOp.NOP)) & self.cmd.valid):
-            nop = self.cmd.payload.op
-            m.d.sync += [c_sends.eq((nop == int(SeqOp.SEND)) | (nop == int(SeqOp.GRANT))),
-                         c_grant.eq(nop == int(SeqOp.GRANT))]
+            new_op = self.cmd.payload.op
+            m.d.sync += [c_sends.eq((new_op == int(SeqOp.SEND)) | (new_op == int(SeqOp.GRANT))),
+                         c_grant.eq(new_op == int(SeqOp.GRANT))]
         for p in range(self.peers):
             with m.If(c_sends & c_hot[p]):
                 m.d.sync += [s_buf[p].eq(c.src), s_lo[p].eq(lo),
