@@ -600,8 +600,7 @@ class Engine:
         # The ICRC covers the sender's real IP and UDP source port: an HDL node sends
         # from udp_sport + qp (0xC000 + qp), a software engine from its bound port.
         seed = wire.icrc_seed(src, qp.src_ip, sport, self.addr[1], 8 + n)
-        want = wire.datagram_icrc(seed, wire.bth_masked(opcode, (b1 >> 4) & 3, dqpn & 0xFFFFFF,
-                                                        bool(ackreq), psn),
+        want = wire.datagram_icrc(seed, wire.received_bth_masked(buf),
                                   buf[wire.BTH_LEN:n - wire.ICRC_LEN])
         if want != buf[n - wire.ICRC_LEN:n]:
             self.drops[DropReason.BAD_ICRC] += 1

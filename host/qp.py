@@ -508,6 +508,10 @@ class QueuePair:
             self.engine.qp_failed(self, self.error)
         elif kind == AethKind.ACK:
             self._acked(psn, now)
+        else:
+            # RNR NAK (this engine never asks for a receive to be posted first) or the
+            # reserved kind: no action, as in the HDL requester, but counted.
+            self.engine.stats["ack_ignored"] += 1
 
     def _acked(self, psn: int, now: float) -> None:
         out = self.outstanding

@@ -56,6 +56,8 @@ _BTH_MASK = VARIANT_MASK[IP_UDP_LEN:IP_UDP_LEN + BTH_LEN]
 _MASK_W0 = int.from_bytes(_BTH_MASK[0:4], "big")
 _MASK_W1 = int.from_bytes(_BTH_MASK[4:8], "big")
 _MASK_W2 = int.from_bytes(_BTH_MASK[8:12], "big")
+_BTH_WORDS = struct.Struct(">III")
+assert _BTH_WORDS.size == BTH_LEN
 _LRH_CRC = zlib.crc32(b"\xff" * 8)
 
 # Sequencer messages (into the collective region): proto.COLLECTIVE_IMM exactly.
@@ -119,6 +121,14 @@ def bth_masked(opcode: int, pad: int, dqpn: int, ackreq: bool, psn: int) -> byte
     return BTH_FMT.pack(opcode | (_MASK_W0 >> 24), (pad << 4) | ((_MASK_W0 >> 16) & 0xFF),
                         PKEY | (_MASK_W0 & 0xFFFF), dqpn | _MASK_W1,
                         (ACKREQ if ackreq else 0) | psn | _MASK_W2)
+
+
+def received_bth_masked(datagram: bytes | memoryview) -> bytes:
+    """A received datagram's BTH as the ICRC covers it: its own bytes (SE, MigReq, P_Key
+    and resv7 as sent, whatever they are) with the variant bits set, so that a frame the
+    proto model and the HDL accept is not dropped here as a bad ICRC."""
+    w0, w1, w2 = _BTH_WORDS.unpack_from(datagram)
+    return _BTH_WORDS.pack(w0 | _MASK_W0, w1 | _MASK_W1, w2 | _MASK_W2)
 
 
 def datagram_icrc(seed: int, masked_bth: bytes, *rest: bytes | memoryview) -> bytes:

@@ -67,6 +67,7 @@ class AethKind(IntEnum):
 
     ACK = 0b00
     RNR_NAK = 0b01
+    RESERVED = 0b10     # named so that any received syndrome splits
     NAK = 0b11
 
 

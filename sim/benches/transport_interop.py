@@ -90,14 +90,14 @@ class SoftwareSide:
         f = parse_frame(frame, check_icrc_=False)  # the engine checks the ICRC itself
         dg = frame[ETH.size + IPV4.size + UDP.size:ETH.size + f.ip["len"]]
         n = len(dg)
-        opcode, b1, _pkey, dqpn, w2 = wire.BTH_FMT.unpack_from(dg)
+        opcode, _b1, pkey, dqpn, w2 = wire.BTH_FMT.unpack_from(dg)
         qp = self.qp
         assert dqpn & 0xFFFFFF == qp.qpn, f"HDL sent to QPN {dqpn:#x}"
+        assert pkey == wire.PKEY, f"HDL sent P_Key {pkey:#x}"
         psn, ackreq = w2 & wire.PSN_MASK, w2 >> 31
         # The HDL side sends from port 4791 here (see below), so the ICRC covers it.
         seed = wire.icrc_seed(qp.dst_ip, qp.src_ip, ROCEV2_UDP_PORT, ROCEV2_UDP_PORT, 8 + n)
-        want = wire.datagram_icrc(seed, wire.bth_masked(opcode, (b1 >> 4) & 3, qp.qpn,
-                                                        bool(ackreq), psn),
+        want = wire.datagram_icrc(seed, wire.received_bth_masked(dg),
                                   dg[wire.BTH_LEN:n - wire.ICRC_LEN])
         if want != dg[n - wire.ICRC_LEN:]:
             self.rejected["icrc"] += 1

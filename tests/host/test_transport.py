@@ -18,7 +18,7 @@ from fpgaccl.host.layers import dissect
 from fpgaccl.host.pcap import frame
 from fpgaccl.proto import build_frame, parse_frame
 from fpgaccl.proto.drops import DropReason
-from fpgaccl.proto.opcodes import AethKind, NakCode, Opcode, split_syndrome
+from fpgaccl.proto.opcodes import AethKind, NakCode, Opcode, aeth_syndrome, split_syndrome
 
 from ._world import all_ok, run_world
 
@@ -152,6 +152,47 @@ def test_bad_icrc_and_unknown_qpn_are_dropped(engine_and_peer) -> None:
     assert eng.drops[DropReason.BAD_ICRC] == 1
     assert eng.drops[DropReason.BAD_QPN] == 1
     assert not qp.ring.buf.any()
+
+
+def test_bth_flags_the_icrc_covers_are_taken_as_sent(engine_and_peer) -> None:
+    """SE, MigReq (a ConnectX sends MigReq = 1), another P_Key and resv7 are covered by
+    the ICRC as they are on the wire: a frame the proto model accepts is taken."""
+    eng, peer = engine_and_peer
+    qp = eng.by_peer[1]
+    payload = bytes(range(64))
+    f = build_frame(ip={"src": wire.ip_to_int("127.77.1.2"), "dst": wire.ip_to_int("127.77.1.1")},
+                    udp={"sport": wire.ROCEV2_UDP_PORT},
+                    bth={"opcode": Opcode.RDMA_WRITE_ONLY_WITH_IMMEDIATE, "dqpn": qp.qpn,
+                         "psn": 100, "ackreq": 1, "solicited": 1, "migreq": 1,
+                         "pkey": 0x7FFF, "resv7": 0x55},
+                    reth={"va": qp.ring.va, "rkey": qp.ring.rkey, "dlen": len(payload)},
+                    immdt={"imm": 0x00010002}, payload=payload)
+    assert parse_frame(f).bth["migreq"] == 1  # checks the ICRC too
+    peer.sendto(f[14 + 28:], eng.addr)
+    kind, _, psn = _read_ack(peer)
+    assert (kind, psn) == (AethKind.ACK, 100)
+    assert qp.ring.buf[:64].tobytes() == payload
+    assert eng.drops[DropReason.BAD_ICRC] == 0
+
+
+@pytest.mark.parametrize("kind", [AethKind.RNR_NAK, AethKind.RESERVED])
+def test_an_ack_of_a_kind_the_engine_does_not_act_on_is_counted(engine_and_peer, kind) -> None:
+    """An RNR NAK or the reserved AETH kind changes nothing (as in the HDL requester) and
+    must not stop the engine: the next WRITE still lands."""
+    eng, peer = engine_and_peer
+    qp = eng.by_peer[1]
+    syndrome = aeth_syndrome(kind, 0x1F)
+    peer.sendto(wire.ack_datagram(wire.ip_to_int("127.77.1.2"), wire.ip_to_int("127.77.1.1"),
+                                  qp.qpn, 9, syndrome, 0), eng.addr)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and not eng.stats["ack_ignored"]:
+        time.sleep(0.01)
+    assert eng.stats["ack_ignored"] == 1
+    assert qp.error is None
+    peer.sendto(_write(qp.qpn, 100, qp.ring.va, qp.ring.rkey, b"z" * 32, "127.77.1.2",
+                       "127.77.1.1"), eng.addr)
+    assert _read_ack(peer)[0] == AethKind.ACK
+    assert qp.ring.buf[:32].tobytes() == b"z" * 32
 
 
 def _lossy(comm, n: int) -> dict:
