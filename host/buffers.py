@@ -133,6 +133,9 @@ def as_buffer(obj: Any, argument: str, *, writable: bool = False) -> UserBuffer:
     """A flat contiguous view of ``obj``; typed errors name ``argument`` otherwise."""
     if obj is None:
         raise InvalidArgumentError(argument, "no buffer given")
+    if writable and isinstance(obj, np.generic):
+        # np.asarray would copy it: the result would land in the copy, not in obj.
+        raise InvalidArgumentError(argument, "a numpy scalar is immutable; pass an array")
     if hasattr(obj, "__cuda_array_interface__") and not isinstance(obj, np.ndarray):
         ub = GpuPeerWindow.map(obj, argument, writable)
     elif isinstance(obj, np.ndarray):
@@ -156,9 +159,11 @@ def as_buffer(obj: Any, argument: str, *, writable: bool = False) -> UserBuffer:
             raise InvalidArgumentError(argument, "buffer is not contiguous")
         ub = UserBuffer(np.asarray(mv))
     arr = ub.array
-    if not (arr.flags.c_contiguous or arr.flags.f_contiguous) or (
-            arr.ndim > 1 and not arr.flags.c_contiguous):
+    if not (arr.flags.c_contiguous or arr.flags.f_contiguous):
         raise InvalidArgumentError(argument, "buffer is not contiguous")
+    if arr.ndim > 1 and not arr.flags.c_contiguous:
+        raise InvalidArgumentError(argument, "Fortran-ordered buffer: pass it in C order "
+                                   "(np.ascontiguousarray)")
     if writable and not arr.flags.writeable:
         raise InvalidArgumentError(argument, "buffer is read-only")
     check_dtype(arr.dtype, argument)

@@ -15,6 +15,8 @@ import atexit
 import contextlib
 import functools
 import ipaddress
+import math
+import operator
 import os
 import socket
 import threading
@@ -106,8 +108,9 @@ class Handle:
     def wait(self, timeout: float | None = None) -> Any:
         # The engine enforces the deadline itself; the margin covers a dead engine thread.
         limit = self._job.deadline_s + 10 if timeout is None else timeout
-        if not self._job.event.wait(limit):
-            raise CollectiveTimeoutError(self._job.name, self._rank, limit, "engine unresponsive")
+        if not self._job.event.wait(min(limit, threading.TIMEOUT_MAX)):
+            why = "engine unresponsive" if timeout is None else "still running at wait(timeout)"
+            raise CollectiveTimeoutError(self._job.name, self._rank, limit, why)
         self._complete()
         return self._result
 
@@ -141,10 +144,16 @@ def check_world(rank: int, world_size: int, deadline_s: float) -> None:
     """The arguments every backend's constructor takes, checked alike."""
     if not isinstance(world_size, int) or world_size < 1:
         raise InvalidArgumentError("world_size", f"{world_size!r} must be a positive int")
-    if not isinstance(rank, int) or not 0 <= rank < world_size:
+    if not isinstance(rank, int):
+        raise InvalidArgumentError("rank", f"must be an int, not {type(rank).__name__}")
+    if not 0 <= rank < world_size:
         raise InvalidArgumentError("rank", f"{rank!r} is outside 0..{world_size - 1}")
-    if deadline_s <= 0:
-        raise InvalidArgumentError("deadline_s", "must be positive")
+    # Every wait below adds a margin to the deadline and hands it to a lock: it must be
+    # a finite number of seconds.
+    if (isinstance(deadline_s, bool) or not isinstance(deadline_s, (int, float))
+            or not math.isfinite(deadline_s) or deadline_s <= 0):
+        raise InvalidArgumentError("deadline_s", f"{deadline_s!r} must be a finite number "
+                                   "of seconds > 0")
 
 
 class Communicator:
@@ -587,6 +596,10 @@ class Communicator:
         rc = self._counts(recvcounts, "recvcounts")
         sd = self._displs(sdispls, sc, "sdispls")
         rd = self._displs(rdispls, rc, "rdispls")
+        me = self.rank
+        if sc[me] != rc[me]:
+            raise CountMismatchError("recvcounts", f"recvcounts[{me}] is {rc[me]} but this "
+                                     f"rank sends itself sendcounts[{me}] = {sc[me]}")
         if max(d + c for d, c in zip(sd, sc, strict=True)) > s.array.size:
             raise CountMismatchError("sendcounts", f"exceed sendbuf's {s.array.size} elements")
         if recvbuf is None:
@@ -595,8 +608,8 @@ class Communicator:
 
     def _counts(self, counts: Sequence[int], name: str) -> list[int]:
         try:
-            out = [int(c) for c in counts]
-        except (TypeError, ValueError):
+            out = [operator.index(c) for c in counts]  # 1.5 is not a count
+        except TypeError:
             raise InvalidArgumentError(name, "must be a sequence of ints") from None
         if len(out) != self.world_size:
             raise CountMismatchError(name, f"{len(out)} entries, world_size is {self.world_size}")

@@ -171,3 +171,38 @@ def test_dead_peer_times_out_on_every_survivor() -> None:
     for r, (what, took) in survivors.items():
         assert what == f"CollectiveTimeoutError:{r}"
         assert took < deadline + 2.0, f"rank {r} took {took:.1f} s"
+
+
+def test_alltoallv_counts_to_self_must_agree_and_be_ints(comm) -> None:
+    x = np.arange(4, dtype=np.float32)
+    for sc, rc in (([1], [3]), ([3], [2])):
+        with pytest.raises(CountMismatchError) as e:
+            comm.alltoallv(x, sc, np.zeros(4, np.float32), rc)
+        assert _arg(e) == "recvcounts"
+    with pytest.raises(InvalidArgumentError) as e:
+        comm.alltoallv(x, [1.5], np.zeros(4, np.float32), [1])
+    assert _arg(e) == "sendcounts"
+    y = np.zeros(4, np.float32)
+    comm.alltoallv(x, [np.int64(3)], y, [3])  # still usable, numpy ints are counts
+    assert y[:3].tolist() == [0, 1, 2]
+
+
+def test_a_numpy_scalar_cannot_be_written_in_place(comm) -> None:
+    with pytest.raises(InvalidArgumentError) as e:
+        comm.allreduce(np.float32(1))
+    assert _arg(e) == "sendbuf"
+    with pytest.raises(InvalidArgumentError, match="Fortran"):
+        comm.allreduce(np.zeros((3, 4), np.float32, order="F"))
+
+
+@pytest.mark.parametrize("deadline", [float("inf"), float("nan"), 0, -1, "5"])
+def test_deadline_must_be_a_finite_positive_number(deadline) -> None:
+    with pytest.raises(InvalidArgumentError) as e:
+        Communicator(0, 1, deadline_s=deadline)
+    assert _arg(e) == "deadline_s"
+
+
+def test_rank_must_be_an_int() -> None:
+    with pytest.raises(InvalidArgumentError, match="must be an int") as e:
+        Communicator(np.int64(0), 1)
+    assert _arg(e) == "rank"
