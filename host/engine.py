@@ -158,7 +158,16 @@ class Engine:
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
         # DF + id 0: the IPv4 header the kernel writes is the one our ICRC covers.
         self.sock.setsockopt(socket.IPPROTO_IP, 10, 2)  # IP_MTU_DISCOVER = IP_PMTUDISC_DO
-        self.sock.bind((bind_ip, port))
+        try:
+            self.sock.bind((bind_ip, port))
+        except OSError as e:
+            self.sock.close()
+            taken = e.errno == errno.EADDRINUSE
+            raise InvalidArgumentError(
+                "bind_ip", f"cannot bind UDP {bind_ip}:{port}: {e.strerror}" + (
+                    " (another rank on this host? RoCEv2 wants port 4791 on every rank, so "
+                    "give each local rank its own address: bind_ip= or FPGACCL_BIND_IP)"
+                    if taken else "")) from None
         self.sock.setblocking(False)
         self.addr = self.sock.getsockname()
         # On loopback there is no wire: a run of equal-sized datagrams goes to the kernel in

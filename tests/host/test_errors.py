@@ -206,3 +206,16 @@ def test_rank_must_be_an_int() -> None:
     with pytest.raises(InvalidArgumentError, match="must be an int") as e:
         Communicator(np.int64(0), 1)
     assert _arg(e) == "rank"
+
+
+def test_a_taken_roce_port_names_bind_ip() -> None:
+    """Two ranks on one address (e.g. torchrun, two ranks per host): the second cannot
+    have UDP 4791 and is told how to give it an address of its own."""
+    from fpgaccl.host.engine import Engine
+    first = Engine(0, "127.77.9.1")
+    try:
+        with pytest.raises(InvalidArgumentError, match="FPGACCL_BIND_IP") as e:
+            Engine(1, "127.77.9.1")
+        assert _arg(e) == "bind_ip"
+    finally:
+        first.stop()
