@@ -47,7 +47,8 @@ MIXED_RTO_S = 1.0
 simulated cycles, tens of milliseconds of wall time, so the software default (50 ms)
 would resend most packets."""
 MIXED_MTU = 1024
-"""MTU of the software ranks of a mixed run: the simulated nodes' (``mtu_log2`` 10)."""
+"""MTU of the software ranks of a mixed run: at most the simulated nodes' build MTU
+(``sim.hdl.cluster.STANDARD``, 4096; ``ctrl.config.mtu_log2``), which their parsers take."""
 
 
 def run(nprocs: int, cmd: list[str], *, pcap: str | None = None, impair: str | None = None,
@@ -275,8 +276,12 @@ def _run(nprocs: int, cmd: list[str], *, pcap: str | None, impair: str | None,
                 if code is not None:
                     pending.discard(r)
                     if code and not rc:
-                        rc = code
-                        print(f"fpgaccl run: rank {r} exited with {code}", file=sys.stderr)
+                        # A rank killed by signal N reports -N; the shell's 128 + N reads
+                        # as that signal (sys.exit(-N) would exit with 256 - N).
+                        rc = code if code > 0 else 128 - code
+                        how = f"exited with {code}" if code > 0 else \
+                            f"was killed by {signal.Signals(-code).name}"
+                        print(f"fpgaccl run: rank {r} {how}", file=sys.stderr)
             if timeout_s is not None and time.monotonic() - start > timeout_s:
                 print(f"fpgaccl run: timed out after {timeout_s:g} s", file=sys.stderr)
                 for r in pending:

@@ -48,6 +48,16 @@ def test_run_reports_a_failing_rank(tmp_path: Path) -> None:
     assert "rank 1 exited with 3" in res.stderr
 
 
+def test_run_reports_a_rank_killed_by_a_signal(tmp_path: Path) -> None:
+    script = tmp_path / "killed.py"
+    script.write_text("import os, signal\n"
+                      "if os.environ['FPGACCL_RANK'] == '1':\n"
+                      "    os.kill(os.getpid(), signal.SIGKILL)\n")
+    res = _fpgaccl("run", "-n", "2", "--", sys.executable, str(script))
+    assert res.returncode == 128 + 9, res.stderr
+    assert "rank 1 was killed by SIGKILL" in res.stderr
+
+
 def test_pcap_of_a_run_is_valid_rocev2(tmp_path: Path) -> None:
     script = tmp_path / "job.py"
     script.write_text(SCRIPT)
