@@ -248,8 +248,8 @@ class Communicator:
 
     # ------------------------------------------------------------------ plumbing
     def _submit(self, name: str, program: alg.Program, result: Any, keep: list[UserBuffer],
-                async_op: bool) -> Any:
-        job = self.engine.submit(name, program, self.deadline_s)
+                async_op: bool, *, ordered: bool = True) -> Any:
+        job = self.engine.submit(name, program, self.deadline_s, ordered=ordered)
         handle = Handle(job, result, keep, self.rank)
         return handle if async_op else handle.wait()
 
@@ -698,7 +698,7 @@ class Communicator:
         def program() -> alg.Program:
             yield self.engine.send(dst, seq, wire.STEP_P2P, memoryview(arr.view(np.uint8)))
 
-        return self._submit("send", program(), None, [b], async_op)
+        return self._submit("send", program(), None, [b], async_op, ordered=False)
 
     def recv(self, buf: Any, src: int, *, async_op: bool = False) -> Any:
         self._check_open()
@@ -710,7 +710,8 @@ class Communicator:
         def program() -> alg.Program:
             yield self.engine.recv(src, seq, wire.STEP_P2P, arr, None, "buf")
 
-        return self._submit("recv", program(), self._out(b, buf), [b], async_op)
+        return self._submit("recv", program(), self._out(b, buf), [b], async_op,
+                            ordered=False)
 
     def _p2p_next(self, counters: list[int], peer: int) -> int:
         # One counter per direction and peer: sends to j pair with j's receives from us.

@@ -98,8 +98,10 @@ class Latch:
 class Job:
     """One submitted program; the host waits on it."""
 
-    def __init__(self, name: str, program: Program, deadline_s: float) -> None:
+    def __init__(self, name: str, program: Program, deadline_s: float, *,
+                 ordered: bool = True) -> None:
         self.name = name
+        self.ordered = ordered
         self.program = program
         self.deadline_s = deadline_s
         self.event = Latch()
@@ -246,8 +248,11 @@ class Engine:
         time.sleep(seconds)
 
     # ------------------------------------------------------------------ host side
-    def submit(self, name: str, program: Program, deadline_s: float) -> Job:
-        job = Job(name, program, deadline_s)
+    def submit(self, name: str, program: Program, deadline_s: float, *,
+               ordered: bool = True) -> Job:
+        """Queue ``program``. Ordered jobs (collectives) run one at a time in submission
+        order; an unordered one (a send or a recv) runs beside them: see _sequence."""
+        job = Job(name, program, deadline_s, ordered=ordered)
         if self.failed is not None:
             job.finish(TransportError(f"communicator unusable after an earlier failure: "
                                       f"{self.failed}"))
@@ -675,8 +680,18 @@ class Engine:
         while self._submitted:
             self._jobs.append(self._submitted.popleft())
         progressed = False
-        while self._jobs:
-            job = self._jobs[0]
+        # Collectives share the collective region and its numbering: they run one at a
+        # time, in order. A send or recv needs only its own messages, which per-peer
+        # sequence numbers match: it neither waits behind another job nor holds one back,
+        # so an irecv posted before its isend (or before an allreduce) completes, as
+        # MPI's Irecv/Isend/Waitall does.
+        i = 0
+        ordered_blocked = False
+        while i < len(self._jobs):
+            job = self._jobs[i]
+            if job.ordered and ordered_blocked:
+                i += 1
+                continue
             if not job.started:
                 job.started = now
             err = None
@@ -695,18 +710,20 @@ class Engine:
                             job.name, self.rank, job.deadline_s,
                             f"waiting on {sum(not c.done for c in job.waiting)} transfer(s)")
                     else:
-                        return progressed
+                        ordered_blocked = ordered_blocked or job.ordered
+                        i += 1
+                        continue
             progressed = True
             try:
                 got = job.program.throw(err) if err is not None else job.program.send(None)
             except StopIteration:
-                self._jobs.popleft()
+                del self._jobs[i]
                 job.finish()
                 continue
             except BaseException as e:
                 # Whatever failed mid-schedule, peers and queue pairs are now out of step
-                # with this rank: later jobs cannot be trusted to match, so fail them too.
-                self._jobs.popleft()
+                # with this rank: other jobs cannot be trusted to match, so fail them too.
+                del self._jobs[i]
                 job.finish(e)
                 self.failed = e
                 for other in self._jobs:

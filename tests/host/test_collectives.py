@@ -155,3 +155,29 @@ def test_segmented_allreduce_lands_in_the_callers_buffer(world: int) -> None:
         assert np.allclose(vals, xs.astype(np.float64).sum(0), rtol=1e-5, atol=1e-5), key
     for algo in ("ring", "rhd"):  # same program, same order: in place changes no bit
         assert res[0]["results"][algo, True] == res[0]["results"][algo, False], algo
+
+
+def _recv_posted_first(comm) -> dict:
+    # MPI's Irecv / Isend / Waitall, and a receive posted before a collective: the
+    # pending receive must hold back neither the send nor the allreduce behind it.
+    import numpy as np
+
+    r, p = comm.rank, comm.world_size
+    nxt, prv = (r + 1) % p, (r - 1) % p
+    got = np.zeros(1000, np.int64)
+    hr = comm.recv(got, prv, async_op=True)
+    x = np.full(64, r + 1, np.int32)
+    comm.allreduce(x)                      # while the receive is pending
+    hs = comm.send(np.arange(1000, dtype=np.int64) * (r + 1), nxt, async_op=True)
+    hs.wait()
+    hr.wait()
+    return {"ring": bool(np.array_equal(got, np.arange(1000) * (prv + 1))),
+            "sum": int(x[0]), "all_same": bool((x == x[0]).all())}
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_a_receive_posted_first_holds_nothing_back(world: int) -> None:
+    res = all_ok(run_world(world, _recv_posted_first, comm_kw={"deadline_s": 10},
+                           timeout=60))
+    for r in res:
+        assert r["ring"] and r["all_same"] and r["sum"] == world * (world + 1) // 2, r
