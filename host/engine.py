@@ -560,10 +560,10 @@ class Engine:
         if seg <= wire.BTH_LEN + wire.ICRC_LEN or run[0] != _MIDDLE or run[1]:
             return 0, 0
         _, _, _, dqpn, _ = wire.BTH_FMT.unpack_from(run)
-        qp = self.qps.get(dqpn & 0xFFFFFF)
+        qp = self.qps.get(dqpn & wire.QPN_MASK)
         if qp is None:
             return 0, 0
-        seed = wire.icrc_seed(src, qp.src_ip, sport, self.addr[1], 8 + seg)
+        seed = wire.icrc_seed(src, qp.src_ip, sport, self.addr[1], wire.UDP_LEN + seg)
         taken, whole = qp.on_middle_runs(self._rxaddr, j, r, self._rxmeta_addr, seg, dqpn,
                                          seed)
         self.stats["rx_packets"] += taken
@@ -582,10 +582,10 @@ class Engine:
         if seg <= wire.BTH_LEN + wire.ICRC_LEN or run[0] != _MIDDLE or run[1]:
             return 0  # not a MIDDLE, or a pad / header version / SE / MigReq bit
         _, _, _, dqpn, _ = wire.BTH_FMT.unpack_from(run)
-        qp = self.qps.get(dqpn & 0xFFFFFF)
+        qp = self.qps.get(dqpn & wire.QPN_MASK)
         if qp is None:
             return 0
-        seed = wire.icrc_seed(src, qp.src_ip, sport, self.addr[1], 8 + seg)
+        seed = wire.icrc_seed(src, qp.src_ip, sport, self.addr[1], wire.UDP_LEN + seg)
         took = qp.on_middle_run(run.reshape(k, seg), seed)
         self.stats["rx_packets"] += took
         self.stats["rx_coalesced"] += took
@@ -605,15 +605,15 @@ class Engine:
         if opcode not in SUPPORTED_OPCODES:
             self.drops[DropReason.UNKNOWN_OPCODE] += 1
             return
-        qp = self.qps.get(dqpn & 0xFFFFFF)
+        qp = self.qps.get(dqpn & wire.QPN_MASK)
         if qp is None:
             self.drops[DropReason.BAD_QPN] += 1
             return
         psn = w2 & wire.PSN_MASK
-        ackreq = w2 >> 31
+        ackreq = bool(w2 & wire.ACKREQ)
         # The ICRC covers the sender's real IP and UDP source port: an HDL node sends
         # from udp_sport + qp (0xC000 + qp), a software engine from its bound port.
-        seed = wire.icrc_seed(src, qp.src_ip, sport, self.addr[1], 8 + n)
+        seed = wire.icrc_seed(src, qp.src_ip, sport, self.addr[1], wire.UDP_LEN + n)
         want = wire.datagram_icrc(seed, wire.received_bth_masked(buf),
                                   buf[wire.BTH_LEN:n - wire.ICRC_LEN])
         if want != buf[n - wire.ICRC_LEN:n]:
@@ -621,7 +621,7 @@ class Engine:
             return
         if opcode == Opcode.ACKNOWLEDGE:
             (aeth,) = wire.AETH_FMT.unpack_from(buf, wire.BTH_LEN)
-            qp.on_ack(psn, aeth >> 24, now)
+            qp.on_ack(psn, aeth >> wire.SYNDROME_SHIFT, now)
         elif opcode in _WRITES:
             qp.on_write(opcode, psn, ackreq, buf, n)
         else:

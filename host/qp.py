@@ -371,7 +371,7 @@ class QueuePair:
         self.next_psn = (psn + 1) & wire.PSN_MASK
         payload = msg.payload(off, n, mtu)
         pad = -n & 3
-        udp_len = 8 + wire.BTH_LEN + len(ext) + n + pad + wire.ICRC_LEN
+        udp_len = wire.UDP_LEN + wire.BTH_LEN + len(ext) + n + pad + wire.ICRC_LEN
         seed = wire.icrc_seed(self.src_ip, self.dst_ip, self.local_port, self.addr[1], udp_len)
         hdr = wire.bth(opcode, pad, self.remote_qpn, ackreq, psn) + ext
         tail = bytes(pad)
@@ -400,7 +400,7 @@ class QueuePair:
         psn = self.next_psn
         since = self.since_ackreq
         seed = wire.icrc_seed(self.src_ip, self.dst_ip, self.local_port, self.addr[1],
-                              8 + wire.BTH_LEN + mtu + wire.ICRC_LEN)
+                              wire.UDP_LEN + wire.BTH_LEN + mtu + wire.ICRC_LEN)
         # The BTH's first 8 bytes are the same for the whole run: its real bytes, and the
         # CRC state after its masked bytes. Only the PSN word (which the ICRC covers
         # unmasked: MASK_W2 == 0) and the payload change from packet to packet.
@@ -445,7 +445,8 @@ class QueuePair:
         psn = self.next_psn
         since = self.since_ackreq
         dqpn = self.remote_qpn
-        seed = wire.icrc_seed(self.src_ip, self.dst_ip, self.local_port, self.addr[1], 8 + seg)
+        seed = wire.icrc_seed(self.src_ip, self.dst_ip, self.local_port, self.addr[1],
+                              wire.UDP_LEN + seg)
         state = _middle_state(seed, dqpn)
         head = wire.BTH_FMT.pack(_MIDDLE, 0, wire.PKEY, dqpn, 0)[:8]
         fp = self.fastpath
@@ -640,7 +641,7 @@ class QueuePair:
             else:
                 self.ack_pending = True
         if opcode in _ENDS:
-            self.msn = (self.msn + 1) & 0xFFFFFF
+            self.msn = (self.msn + 1) & wire.MSN_MASK
             if imm >= 0 and self.w_mr is not self.ring:
                 # The collective region: COLLECTIVE_IMM, an event for the executor.
                 if imm & wire.IMM_GRANT:
@@ -676,7 +677,7 @@ class QueuePair:
         _, _, _, dqpn, _ = wire.BTH_FMT.unpack_from(rows)
         # CRC state after the masked first 8 BTH bytes; the PSN word is covered unmasked
         # and lies right before the payload, so one CRC call per packet covers both.
-        state = _middle_state(seed, dqpn & 0xFFFFFF)
+        state = _middle_state(seed, dqpn & wire.QPN_MASK)
         m, ackreq = self._take_middles(rows[:k], state, self.w_off + self.w_done, pay)
         if not m:
             return 0
@@ -700,7 +701,7 @@ class QueuePair:
         room = min((self.w_len - self.w_done) // pay, (self.w_mr.buf.size - start) // pay)
         if room <= 0:
             return 0, 0
-        state = _middle_state(seed, dqpn & 0xFFFFFF)
+        state = _middle_state(seed, dqpn & wire.QPN_MASK)
         taken = fp.take_runs(buf, native.SLOT_BYTES, j, r, *meta, seg, wire.BTH_LEN,
                              self.epsn, wire.PSN_MASK, wire.ACKREQ, state, fp.crc,
                              self.w_mr.va + start, room, self._ackreq_ref, self._whole_ref)

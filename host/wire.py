@@ -19,7 +19,7 @@ except ImportError:  # pragma: no cover - depends on the environment
     from zlib import crc32
 
 from fpgaccl.proto import AETH, BTH, COLLECTIVE_IMM, IMMDT, IPV4, RETH, RING_IMM, UDP
-from fpgaccl.proto.headers import RING_STEP_CREDIT, RING_STEP_P2P
+from fpgaccl.proto.headers import ICRC_BYTES, RING_STEP_CREDIT, RING_STEP_P2P
 from fpgaccl.proto.icrc import VARIANT_MASK
 from fpgaccl.proto.opcodes import (
     ACK_CREDIT_INVALID,
@@ -44,11 +44,18 @@ BTH_LEN = BTH.size
 RETH_LEN = RETH.size
 IMM_LEN = IMMDT.size
 AETH_LEN = AETH.size
-ICRC_LEN = 4
+ICRC_LEN = ICRC_BYTES
+UDP_LEN = UDP.size
 IP_UDP_LEN = IPV4.size + UDP.size
 PKEY = BTH["pkey"].default
-ACKREQ = 1 << 31
+ACKREQ = 1 << (BTH["resv7"].bits + BTH["psn"].bits)
+"""The AckReq bit of the BTH's PSN word."""
 PSN_MASK = PSN_MOD - 1
+QPN_MASK = (1 << BTH["dqpn"].bits) - 1
+MSN_MASK = (1 << AETH["msn"].bits) - 1
+SYNDROME_SHIFT = AETH["msn"].bits
+"""The AETH as one 32-bit word: syndrome above the MSN."""
+assert ACKREQ == 1 << 31 and [f.name for f in AETH] == ["syndrome", "msn"]
 
 # Variant-bit masks of the BTH's three 32-bit words, read off proto's ICRC mask so the
 # definition lives in one place.
@@ -80,7 +87,7 @@ STEP_CREDIT = RING_STEP_CREDIT
 """A zero-length message returning a receive-ring slot; ``coll_id`` is the slot index."""
 STEP_P2P = RING_STEP_P2P
 """A send/recv message; ``coll_id`` counts send/recv calls per peer pair."""
-STEP_MAX = 0x7FFD
+STEP_MAX = RING_STEP_P2P - 1
 
 ACK_SYNDROME = aeth_syndrome(AethKind.ACK, ACK_CREDIT_INVALID)
 
@@ -142,8 +149,8 @@ def ack_datagram(src: int, dst: int, dqpn: int, psn: int, syndrome: int, msn: in
                  sport: int = ROCEV2_UDP_PORT, dport: int = ROCEV2_UDP_PORT) -> bytes:
     """A complete ACK/NAK datagram (BTH + AETH + ICRC)."""
     hdr = bth(Opcode.ACKNOWLEDGE, 0, dqpn, False, psn)
-    aeth = AETH_FMT.pack((syndrome << 24) | (msn & 0xFFFFFF))
-    seed = icrc_seed(src, dst, sport, dport, 8 + BTH_LEN + AETH_LEN + ICRC_LEN)
+    aeth = AETH_FMT.pack((syndrome << SYNDROME_SHIFT) | (msn & MSN_MASK))
+    seed = icrc_seed(src, dst, sport, dport, UDP_LEN + BTH_LEN + AETH_LEN + ICRC_LEN)
     return hdr + aeth + datagram_icrc(seed, bth_masked(Opcode.ACKNOWLEDGE, 0, dqpn, False, psn),
                                       aeth)
 

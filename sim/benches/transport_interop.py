@@ -20,7 +20,7 @@ from fpgaccl.host import wire
 from fpgaccl.host.qp import Completion, MemoryRegion, Message, QueuePair
 from fpgaccl.hw.transport.layouts import QPState, Status
 from fpgaccl.proto import ETH, IPV4, UDP, DropReason, ipv4_checksum, parse_frame
-from fpgaccl.proto.opcodes import ROCEV2_UDP_PORT, Opcode
+from fpgaccl.proto.opcodes import ETHERTYPE_IPV4, ROCEV2_UDP_PORT, Opcode
 
 from .transport_pair import TB
 
@@ -71,7 +71,7 @@ def datagram_to_frame(dg: bytes, src: int, dst: int) -> bytes:
     ip = IPV4.pack(len=IPV4.size + udp_len, src=src, dst=dst)
     ip = IPV4.pack(len=IPV4.size + udp_len, src=src, dst=dst, chksum=ipv4_checksum(ip))
     udp = UDP.pack(sport=ROCEV2_UDP_PORT, dport=ROCEV2_UDP_PORT, len=udp_len)
-    return ETH.pack(type=0x0800) + ip + udp + dg
+    return ETH.pack(type=ETHERTYPE_IPV4) + ip + udp + dg
 
 
 class SoftwareSide:
@@ -92,9 +92,9 @@ class SoftwareSide:
         n = len(dg)
         opcode, _b1, pkey, dqpn, w2 = wire.BTH_FMT.unpack_from(dg)
         qp = self.qp
-        assert dqpn & 0xFFFFFF == qp.qpn, f"HDL sent to QPN {dqpn:#x}"
+        assert dqpn & wire.QPN_MASK == qp.qpn, f"HDL sent to QPN {dqpn:#x}"
         assert pkey == wire.PKEY, f"HDL sent P_Key {pkey:#x}"
-        psn, ackreq = w2 & wire.PSN_MASK, w2 >> 31
+        psn, ackreq = w2 & wire.PSN_MASK, bool(w2 & wire.ACKREQ)
         # The HDL side sends from port 4791 here (see below), so the ICRC covers it.
         seed = wire.icrc_seed(qp.dst_ip, qp.src_ip, ROCEV2_UDP_PORT, ROCEV2_UDP_PORT, 8 + n)
         want = wire.datagram_icrc(seed, wire.received_bth_masked(dg),
@@ -105,7 +105,7 @@ class SoftwareSide:
         now = self.tb.cycle * CYCLE_S
         if opcode == Opcode.ACKNOWLEDGE:
             (aeth,) = wire.AETH_FMT.unpack_from(dg, wire.BTH_LEN)
-            qp.on_ack(psn, aeth >> 24, now)
+            qp.on_ack(psn, aeth >> wire.SYNDROME_SHIFT, now)
         else:
             qp.on_write(opcode, psn, ackreq, memoryview(dg), n)
 
