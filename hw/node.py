@@ -46,7 +46,8 @@ from fpgaccl.hw.stream.beat import beat_layout, beat_stream
 from fpgaccl.hw.stream.skid import SkidBuffer
 from fpgaccl.hw.transport.transport import Transport
 from fpgaccl.proto.drops import DROP_COUNTER_BITS, DropReason
-from fpgaccl.proto.opcodes import ROCEV2_UDP_PORT
+from fpgaccl.proto.headers import IPV4
+from fpgaccl.proto.opcodes import ETHERTYPE_IPV4, IP_PROTO_UDP, ROCEV2_UDP_PORT
 from fpgaccl.proto.reduce import DType, ReduceOp
 from fpgaccl.proto.regmap import (
     ENGINE_ID,
@@ -134,9 +135,10 @@ class Node(wiring.Component):
         m.d.comb += [
             out.eth.dst.eq(Cat(qp.peer_mac_lo.value, qp.peer_mac_hi.mac_hi)),
             out.eth.src.eq(Cat(port.mac_lo.value, port.mac_hi.mac_hi)),
-            out.eth.type.eq(0x0800),
-            out.ip.version.eq(4), out.ip.ihl.eq(5), out.ip.flags.eq(0b010), out.ip.ttl.eq(64),
-            out.ip.proto.eq(17), out.ip.src.eq(port.ip.value), out.ip.dst.eq(qp.peer_ip.value),
+            out.eth.type.eq(ETHERTYPE_IPV4),
+            *(getattr(out.ip, f).eq(IPV4[f].default) for f in ("version", "ihl", "flags", "ttl")),
+            out.ip.proto.eq(IP_PROTO_UDP), out.ip.src.eq(port.ip.value),
+            out.ip.dst.eq(qp.peer_ip.value),
             out.udp.sport.eq(port.udp_sport.sport + th.qp),
             out.udp.dport.eq(ROCEV2_UDP_PORT),
             builder.hdr.valid.eq(tp.tx_hdr.valid), tp.tx_hdr.ready.eq(builder.hdr.ready),

@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 from .fields import Field, Header, equals, one_of
-from .opcodes import BTH_VERSION, DEFAULT_PKEY, SUPPORTED_OPCODES
+from .opcodes import (
+    BTH_VERSION,
+    DEFAULT_PKEY,
+    ETHERTYPE_IPV4,
+    IP_PROTO_UDP,
+    ROCEV2_UDP_PORT,
+    SUPPORTED_OPCODES,
+)
 
 ETH = Header("Ether", (
     Field("dst", 48, 0xFFFFFFFFFFFF, "destination MAC", hex=True),
     Field("src", 48, 0, "source MAC", hex=True),
-    Field("type", 16, 0x0800, "EtherType; the engine accepts IPv4 only", hex=True),
+    Field("type", 16, ETHERTYPE_IPV4, "EtherType; the engine accepts IPv4 only", hex=True),
 ), "Ethernet II")
 
 IPV4 = Header("IP", (
@@ -21,7 +28,7 @@ IPV4 = Header("IP", (
     Field("flags", 3, 0b010, "reserved, DF, MF; RoCEv2 sets DF"),
     Field("frag", 13, 0, "fragment offset; fragments are not accepted"),
     Field("ttl", 8, 64, "time to live; variant, masked by the ICRC"),
-    Field("proto", 8, 17, "payload protocol: UDP", check=equals(17)),
+    Field("proto", 8, IP_PROTO_UDP, "payload protocol: UDP", check=equals(IP_PROTO_UDP)),
     Field("chksum", 16, 0, "header checksum (RFC 791); variant, masked by the ICRC", hex=True),
     Field("src", 32, 0, "source address", hex=True),
     Field("dst", 32, 0, "destination address", hex=True),
@@ -29,7 +36,7 @@ IPV4 = Header("IP", (
 
 UDP = Header("UDP", (
     Field("sport", 16, 0xC000, "source port; RoCEv2 uses it for ECMP entropy"),
-    Field("dport", 16, 4791, "destination port: 4791 is RoCEv2"),
+    Field("dport", 16, ROCEV2_UDP_PORT, "destination port: 4791 is RoCEv2"),
     Field("len", 16, 8, "UDP header + payload length in bytes"),
     Field("chksum", 16, 0, "checksum; RoCEv2 sends 0, masked by the ICRC", hex=True),
 ), "UDP")
