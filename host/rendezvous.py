@@ -7,7 +7,9 @@ full table once all have arrived. Only connection set-up uses TCP; data never do
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import socket
 import time
 from typing import Any
@@ -29,6 +31,15 @@ def _recv_line(sock: socket.socket) -> Any:
     return json.loads(data)
 
 
+def rendezvous_port(master_port: int) -> int:
+    """The TCP port rank 0 listens on: ``FPGACCL_RDZV_PORT`` if set; under torchrun,
+    whose agent already listens on MASTER_PORT (its TCPStore), the port after it;
+    otherwise MASTER_PORT itself."""
+    if "FPGACCL_RDZV_PORT" in os.environ:
+        return int(os.environ["FPGACCL_RDZV_PORT"])
+    return master_port + 1 if "TORCHELASTIC_RUN_ID" in os.environ else master_port
+
+
 def exchange(rank: int, world: int, master: tuple[str, int], info: dict,
              timeout_s: float = 60.0) -> list[dict]:
     """All ranks' ``info`` dicts, indexed by rank."""
@@ -36,6 +47,7 @@ def exchange(rank: int, world: int, master: tuple[str, int], info: dict,
         raise InvalidArgumentError("rank", f"{rank} is outside world of size {world}")
     if world == 1:
         return [info]
+    master = (master[0], rendezvous_port(master[1]))
     deadline = time.monotonic() + timeout_s
     if rank == 0:
         return _serve(world, master, info, deadline, timeout_s)
@@ -62,7 +74,14 @@ def _serve(world: int, master: tuple[str, int], info: dict, deadline: float,
            timeout_s: float) -> list[dict]:
     srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    srv.bind(master)
+    try:
+        srv.bind(master)
+    except OSError as e:
+        srv.close()
+        raise InvalidArgumentError(
+            "master_port", f"rank 0 cannot listen on {master[0]}:{master[1]}: {e.strerror}"
+            + (" (another program holds it; choose a free port with FPGACCL_RDZV_PORT)"
+               if e.errno == errno.EADDRINUSE else "")) from None
     srv.listen(world)
     table: list[dict | None] = [None] * world
     table[0] = info
