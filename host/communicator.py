@@ -773,6 +773,17 @@ def world_from_env(env: Mapping[str, str] | None = None) -> tuple[int, int]:
     return 0, 1
 
 
+def _spans_hosts(env: Mapping[str, str]) -> bool:
+    """Whether Slurm or OpenMPI placed this job's ranks on more than one host."""
+    try:
+        if int(env.get("SLURM_NNODES") or env.get("SLURM_JOB_NUM_NODES") or 1) > 1:
+            return True
+        local, size = env.get("OMPI_COMM_WORLD_LOCAL_SIZE"), env.get("OMPI_COMM_WORLD_SIZE")
+        return bool(local and size) and int(local) < int(size)
+    except ValueError:
+        return False
+
+
 def init(backend: str | None = None, **kwargs: Any) -> Communicator:
     """This process's communicator, from the environment of whichever launcher started it.
 
@@ -787,6 +798,12 @@ def init(backend: str | None = None, **kwargs: Any) -> Communicator:
         return _WORLD
     rank, world = world_from_env()
     env = os.environ
+    if world > 1 and "master_addr" not in kwargs and not env.get("MASTER_ADDR") \
+            and _spans_hosts(env):
+        # Neither launcher names a rendezvous host, and the loopback default would leave
+        # every host's ranks waiting for a rank 0 of their own.
+        raise InvalidArgumentError("MASTER_ADDR", "the ranks span several hosts: set it "
+                                   "(and MASTER_PORT) to rank 0's host in the job script")
     backend = backend or env.get("FPGACCL_BACKEND") or "software"
     if "FPGACCL_PCAP_DIR" in env and "pcap" not in kwargs:
         kwargs["pcap"] = Path(env["FPGACCL_PCAP_DIR"]) / f"rank{rank}.pcap"

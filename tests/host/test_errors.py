@@ -219,3 +219,19 @@ def test_a_taken_roce_port_names_bind_ip() -> None:
         assert _arg(e) == "bind_ip"
     finally:
         first.stop()
+
+
+@pytest.mark.parametrize("placement", [
+    {"SLURM_PROCID": "1", "SLURM_NTASKS": "4", "SLURM_NNODES": "2"},
+    {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "4",
+     "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}], ids=["slurm", "openmpi"])
+def test_ranks_on_several_hosts_need_master_addr(monkeypatch, placement) -> None:
+    from fpgaccl.host import communicator
+    for var in (*communicator._RANK_VARS, *communicator._SIZE_VARS, "MASTER_ADDR"):
+        monkeypatch.delenv(var, raising=False)
+    for var, value in placement.items():
+        monkeypatch.setenv(var, value)
+    monkeypatch.setattr(communicator, "_WORLD", None)
+    with pytest.raises(InvalidArgumentError) as e:
+        communicator.init()
+    assert _arg(e) == "MASTER_ADDR"
