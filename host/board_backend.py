@@ -110,9 +110,10 @@ class BoardCommunicator(SimCommunicator):
         table = exchange(rank, world_size, (socket.gethostbyname(master_addr), master_port),
                          me, rendezvous_timeout_s)
         peers = [Peer(t["mac"], t["ip"], t["key"], t["buffers"]) for t in table]
+        mtu_log2 = int(info["mtu"]).bit_length() - 1
         dev.csr_write(connect_writes(
             self.rmap, rank, peers, psn=lambda a, b: table[a]["psn"][str(b)],
-            mem_base=self.buffers[0], mem_len=4 * span))
+            mem_base=self.buffers[0], mem_len=4 * span, mtu_log2=mtu_log2))
 
     # The sim backend ships each segment to its server; here the runtime runs it itself.
     def _call(self, header: dict, payload: bytes, name: str, timeout: float

@@ -18,8 +18,7 @@ from .reduce import DType, ReduceOp
 
 REG_BYTES = 4
 ENGINE_ID = 0x4643_434C  # "FCCL"
-REGMAP_VERSION = 3  # 2: ctrl.features, ctrl.config, status.cause/datapath;
-#                      3: the MTU is a build parameter, read in ctrl.config (was a control field)
+REGMAP_VERSION = 2  # 2: ctrl.features, ctrl.config, status.cause/datapath
 
 
 class Access(Enum):
@@ -174,16 +173,13 @@ def features_word(*, dma: bool, dtypes, ops) -> int:
                                  ops=sum(1 << int(o) for o in set(ops)))
 
 
-def config_word(*, qps: int, regions: int, imem_words: int, width: int, mtu: int) -> int:
+def config_word(*, qps: int, regions: int, imem_words: int, width: int) -> int:
     """``ctrl.config`` of a build with these parameters."""
     if imem_words & (imem_words - 1) or width % 8 or (width // 8) & (width // 8 - 1):
         raise ValueError("imem_words and the beat's bytes must be powers of two")
-    if mtu & (mtu - 1) or not 256 <= mtu <= 4096:
-        raise ValueError(f"mtu {mtu}: an IBTA path MTU is a power of two in 256..4096")
     return _CTRL_CONFIG.encode(qps=qps, regions=regions,
                                imem_log2=imem_words.bit_length() - 1,
-                               beat_log2=(width // 8).bit_length() - 1,
-                               mtu_log2=mtu.bit_length() - 1)
+                               beat_log2=(width // 8).bit_length() - 1)
 
 
 def _full_map(qps: int, regions: int, imem_words: int, dma_host_windows: int,
@@ -196,6 +192,7 @@ def _full_map(qps: int, regions: int, imem_words: int, dma_host_windows: int,
             Register("version", 0x04, RO, "register-map version", reset=REGMAP_VERSION),
             Register("control", 0x08, RW, "engine control", (
                 RegField("enable", 1, "accept traffic and run programs"),
+                RegField("mtu_log2", 4, "path MTU = 2**mtu_log2 bytes (8..12)", reset=12),
             )),
             Register("status", 0x0C, RO, "engine status", (
                 RegField("busy", 1, "a program is running"),
@@ -229,8 +226,6 @@ def _full_map(qps: int, regions: int, imem_words: int, dma_host_windows: int,
                 RegField("regions", 8, "memory regions (copies of mr)"),
                 RegField("imem_log2", 5, "program memory holds 2**imem_log2 words"),
                 RegField("beat_log2", 4, "datapath beat is 2**beat_log2 bytes"),
-                RegField("mtu_log2", 4, "path MTU: a packet carries at most 2**mtu_log2 "
-                         "payload bytes, sent or taken (8..12)"),
             )),
         ), "identification, control and the doorbell"),
         Block("drops", 0x0100, tuple(
