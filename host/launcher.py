@@ -48,7 +48,7 @@ simulated cycles, tens of milliseconds of wall time, so the software default (50
 would resend most packets."""
 MIXED_MTU = 1024
 """MTU of the software ranks of a mixed run: at most the simulated nodes' build MTU
-(``sim.hdl.cluster.STANDARD``, 4096; ``ctrl.config.mtu_log2``), which their parsers take."""
+(``sim.hdl.cluster.STANDARD``, 4096), which their parsers take."""
 
 
 def run(nprocs: int, cmd: list[str], *, pcap: str | None = None, impair: str | None = None,

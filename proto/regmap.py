@@ -192,7 +192,8 @@ def _full_map(qps: int, regions: int, imem_words: int, dma_host_windows: int,
             Register("version", 0x04, RO, "register-map version", reset=REGMAP_VERSION),
             Register("control", 0x08, RW, "engine control", (
                 RegField("enable", 1, "accept traffic and run programs"),
-                RegField("mtu_log2", 4, "path MTU = 2**mtu_log2 bytes (8..12)", reset=12),
+                RegField("mtu_log2", 4, "reserved: no logic reads it; the MTU is the build's "
+                         "(Node(mtu=))", reset=12),
             )),
             Register("status", 0x0C, RO, "engine status", (
                 RegField("busy", 1, "a program is running"),
