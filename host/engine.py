@@ -38,7 +38,17 @@ from fpgaccl.proto.opcodes import ROCEV2_UDP_PORT, SUPPORTED_OPCODES, Opcode
 
 from . import native, wire
 from .csr_plan import QPN_BASE
-from .qp import _MIDDLE, _WRITES, Arrival, Completion, MemoryRegion, Message, QueuePair, RowPool
+from .qp import (
+    _MIDDLE,
+    _WRITES,
+    Arrival,
+    Completion,
+    GatherRun,
+    MemoryRegion,
+    Message,
+    QueuePair,
+    RowPool,
+)
 
 Program = Generator[Any, None, None]
 """A collective schedule: yields Completions (or iterables of them) to wait on."""
@@ -206,6 +216,10 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._ips: dict[str, int] = {}
         self.row_pool = RowPool()
+        # Sequencer SENDs whose payload is read where it lies until the peer ACKs it
+        # (Message.borrowed): possible where the C send path gathers datagrams.
+        self.zero_copy = self._native_tx
+        self.borrowed: dict[int, Message] = {}  # by id()
 
     # ------------------------------------------------------------------ set-up
     def create_qp(self, peer: int) -> QueuePair:
@@ -413,6 +427,63 @@ class Engine:
         data = b"".join(parts)
         for i in range(0, len(data), seg):
             self._sendmsg((data[i:i + seg],), addr)
+
+    def transmit_gather(self, run: GatherRun, k: int, addr: tuple[str, int]) -> None:
+        """Send the first ``k`` packets of ``run`` (``fp_send_gather``), with
+        :meth:`_send_native`'s handling of a full socket buffer, a gone peer and a path
+        that cannot segment."""
+        sa = self._sockaddrs.get(addr)
+        if sa is None:
+            sa = self._sockaddrs[addr] = native.sockaddr(addr)
+        send, fd, ref = self.fastpath.send_gather, self.sock.fileno(), ctypes.byref(sa)
+        mtu = run.mtu
+        meta, row = run.meta.__array_interface__["data"][0], run.meta.shape[1]
+        src = run.src_address()
+        seg = row + mtu
+        done = 0
+        for _ in range(1000):
+            per = max(1, min(GSO_MAX_SEGMENTS, GSO_MAX_BYTES // seg)) if self.gso else 1
+            r = send(fd, meta + done * row, wire.BTH_LEN, src + done * mtu, k - done, mtu,
+                     per, ref)
+            if r < 0:
+                err = -r
+                if err in (errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH):
+                    return  # the peer is gone; its timeout will surface
+                if per > 1 and err in (errno.EIO, errno.EINVAL, errno.EOPNOTSUPP,
+                                       errno.EMSGSIZE):
+                    self.gso = False  # this path cannot segment: one datagram per message
+                    continue
+                if err == errno.EMSGSIZE:
+                    raise TransportError(
+                        f"a {seg}-byte datagram does not fit the link to {addr[0]} (DF is "
+                        "set, as RoCEv2 requires): choose a smaller mtu")
+                raise OSError(err, os.strerror(err))
+            done += r
+            self.stats["tx_packets"] += r
+            if done >= k:
+                return
+            select.select([], [self.sock], [], 0.01)
+
+    # ------------------------------------------------------------------ borrowed memory
+    def protect(self, lo: int, hi: int) -> None:
+        """Addresses ``[lo, hi)`` are about to be written: every borrowed message that
+        may still read them takes its own copy first."""
+        for key in [k for k, m in self.borrowed.items() if m.overlaps(lo, hi)]:
+            self.borrowed.pop(key).own()
+            self.stats["borrow_copies"] += 1
+
+    def protect_all(self) -> None:
+        """The borrowed memory goes back to its owner (a program ends): every message
+        that may still read it takes its own copy."""
+        for msg in self.borrowed.values():
+            msg.own()
+            self.stats["borrow_copies"] += 1
+        self.borrowed.clear()
+
+    def release(self, msg: Message) -> None:
+        """``msg`` is ACKed whole: nothing reads its payload again."""
+        self.borrowed.pop(id(msg), None)
+        msg.src = None
 
     def drop(self, reason: DropReason) -> None:
         self.drops[reason] += 1

@@ -9,10 +9,16 @@ reference) and of ``hw/sequencer`` + ``hw/datapath/router.py``:
   unclamped ``xchunk*cs`` in the buffer the peer's data lands in.
 * COPY: a local numpy copy.
 * SEND: waits for the peer's next grant (per peer, in arrival order; the grant must be
-  for this ``(coll_id, step)``), snapshots the source span (so later instructions cannot
-  change what a retransmission carries), and posts one RDMA WRITE of ``length`` elements
-  to ``peer.buffers[rbuf] + xchunk*cs*elsize`` with the peer's rkey and immediate
+  for this ``(coll_id, step)``) and posts one RDMA WRITE of ``length`` elements to
+  ``peer.buffers[rbuf] + xchunk*cs*elsize`` with the peer's rkey and immediate
   ``COLLECTIVE_IMM(coll_id, grant=0, step)``; the transport segments it at the MTU.
+  Later instructions, peers' WRITEs and the caller must not change what a
+  retransmission carries. With the C send path the payload is read where it lies
+  (``Message.borrowed``), and the engine copies whatever is still unACKed before a
+  COPY, a RECV_REDUCE or a landing WRITE touches it (:meth:`Engine.protect`) and when
+  the program ends; in the steady state of a ring nothing overlaps, so nothing is
+  copied. Without it (Python path, a capture tap or a link shim) the span is
+  snapshotted into staged rows as the SEND is posted.
 * GRANT: a zero-length RDMA WRITE with ``COLLECTIVE_IMM(coll_id, grant=1, step)`` to
   ``peer.buffers[buf] + xchunk*cs*elsize`` (the HDL sequencer hands the router
   ``dst = buf`` = IN and ``xoffset = 0`` for the library's GRANTs).
@@ -22,7 +28,7 @@ reference) and of ``hw/sequencer`` + ``hw/datapath/router.py``:
   :func:`fpgaccl.proto.reduce.reduce_reference` (the HDL reduce unit's definition),
   vectorised over the whole span.
 * DONE: the program ends (sends may still be awaiting their ACKs: the transport keeps
-  retransmitting them, and their sources were snapshotted).
+  retransmitting them, from snapshots or the copies taken at the end).
 
 Memory -- the choice, and its cost
 ----------------------------------
@@ -282,10 +288,6 @@ def execute(engine: Engine, region: CollectiveRegion, remotes: dict[int, RemoteB
     the program runs: peers' WRITEs to OUT land in it), or None for the region's OUT.
     TMP/TMP2 are the region's. Yields waitables while a grant or message is outstanding.
     """
-    if outbuf is None:
-        yield from _execute(engine, region, remotes, program, rank=rank, coll_id=coll_id,
-                            count=count, dtype=dtype, op=op, inbuf=inbuf, outbuf=None)
-        return
     region.bind_out(outbuf)
     try:
         yield from _execute(engine, region, remotes, program, rank=rank, coll_id=coll_id,
@@ -293,6 +295,9 @@ def execute(engine: Engine, region: CollectiveRegion, remotes: dict[int, RemoteB
     finally:
         # Every WRITE to OUT was RECVed before DONE, so none can still be landing.
         region.bind_out(None)
+        # The caller gets its buffers back, and the next program reuses the region: SENDs
+        # still unACKed keep copies of what they may have to resend.
+        engine.protect_all()
 
 
 def _execute(engine: Engine, region: CollectiveRegion, remotes: dict[int, RemoteBuffers],
@@ -334,7 +339,10 @@ def _execute(engine: Engine, region: CollectiveRegion, remotes: dict[int, Remote
         first = min(ins.chunk * cs, count)
         last = min((ins.chunk + ins.count) * cs, count)
         if o is SeqOp.COPY:
-            bufs[ins.buf][first:last] = bufs[ins.src][first:last]
+            dst = bufs[ins.buf][first:last]
+            if engine.borrowed:
+                _protect(engine, dst)
+            dst[...] = bufs[ins.src][first:last]
             continue
         qp = by_peer.get(ins.peer)
         if qp is None:
@@ -356,7 +364,13 @@ def _execute(engine: Engine, region: CollectiveRegion, remotes: dict[int, Remote
                                    f"{xoff} overruns rank {ins.peer}'s region")
             imm = post_grant(coll_id, False, ins.step)
             va = remote.bases[ins.rbuf] + xoff * isz
-            if nbytes > 2 * mtu:
+            if nbytes > 2 * mtu and engine.zero_copy:
+                # No snapshot: the payload is read where it lies, and the engine copies
+                # what is still unACKed before anything writes there (Engine.protect).
+                msg = Message.borrowed(bufs[ins.src][first:last], imm, va=va,
+                                       rkey=remote.rkey)
+                engine.borrowed[id(msg)] = msg
+            elif nbytes > 2 * mtu:
                 # The snapshot, staged as the datagrams of its MIDDLE packets.
                 msg = Message.staged(bufs[ins.src][first:last], mtu, imm, va=va,
                                      rkey=remote.rkey, pool=engine.row_pool)
@@ -373,11 +387,18 @@ def _execute(engine: Engine, region: CollectiveRegion, remotes: dict[int, Remote
             if o is SeqOp.RECV_REDUCE:
                 n = last - first
                 dst = bufs[ins.buf][first:last]
+                if engine.borrowed:
+                    _protect(engine, dst)
                 reduce_into(dtype, op, bufs[ins.src][first:last],
                             bufs[ins.rbuf][xoff:xoff + n], dst)
             continue
         raise ProgramError(f"rank {rank} pc {pc}: unknown op {o!r}")
     raise ProgramError(f"rank {rank}: program ran off its end without DONE")
+
+
+def _protect(engine: Engine, dst: np.ndarray) -> None:
+    lo = dst.__array_interface__["data"][0]
+    engine.protect(lo, lo + dst.nbytes)
 
 
 def _take(q: deque, coll_id: int, ins: Instr, rank: int, what: str) -> None:

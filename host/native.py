@@ -65,6 +65,14 @@ class Fastpath:
         self.seal_rows.argtypes = [_u8p, _u32, _u32, ctypes.c_char_p, _u32, _u32, _u32, _u32,
                                    _u32, _u32, ctypes.c_void_p]
         self.seal_rows.restype = _u32
+        self.seal_meta = lib.fp_seal_meta
+        self.seal_meta.argtypes = [_u8p, _u32, _u8p, _u32, _u32, ctypes.c_char_p, _u32, _u32,
+                                   _u32, _u32, _u32, _u32, ctypes.c_void_p]
+        self.seal_meta.restype = _u32
+        self.send_gather = lib.fp_send_gather
+        self.send_gather.argtypes = [ctypes.c_int, _u8p, _u32, _u8p, _u32, _u32, _u32,
+                                     ctypes.POINTER(SockaddrIn)]
+        self.send_gather.restype = ctypes.c_int64
         self.take_runs = lib.fp_take_runs
         self.take_runs.argtypes = [_u8p, _u32, _u32, _u32, _u8p, _u8p, _u8p, _u8p, _u32, _u32,
                                    _u32, _u32, _u32, _u32, ctypes.c_void_p, _u8p,

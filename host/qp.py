@@ -113,7 +113,13 @@ class Message:
     laid out as that packet's datagram if it goes out as an RDMA WRITE MIDDLE
     (BTH | payload | ICRC), and ``data`` is unused. The MIDDLE packets then need no
     per-packet Python to build or send: the transport fills the PSN words and ICRCs of a
-    run of rows and hands the kernel the rows as they lie."""
+    run of rows and hands the kernel the rows as they lie.
+
+    ``src`` set (see :meth:`borrowed`): the payload is read where it lies, in memory the
+    engine does not own, until the peer has ACKed it. The MIDDLE packets go to the kernel
+    gathered from their headers and that memory (:class:`GatherRun`); the FIRST and LAST
+    packets carry copies. The engine keeps the message in ``Engine.borrowed`` and copies
+    what is still unACKed (:meth:`own`) before anything writes over it."""
 
     data: memoryview | bytes
     imm: int
@@ -124,6 +130,10 @@ class Message:
     rows: np.ndarray | None = None  # uint8 (packets, BTH + mtu + ICRC) when staged
     size: int = -1  # payload bytes (len(data) unless staged)
     pool: RowPool | None = None  # where ``rows`` go back once the peer has them all
+    src: np.ndarray | None = None  # uint8, payload bytes [src_off, size) when borrowed
+    src_off: int = 0
+    src_addr: int = 0  # src's address
+    lo: int = 0  # payload bytes before ``lo`` are ACKed: no retransmission reads them
 
     def __post_init__(self) -> None:
         if self.size < 0:
@@ -147,8 +157,31 @@ class Message:
             rows[full, wire.BTH_LEN:wire.BTH_LEN + n - full * mtu] = raw[full * mtu:]
         return cls(b"", imm, None, va=va, rkey=rkey, rows=rows, size=n, pool=pool)
 
+    @classmethod
+    def borrowed(cls, src: np.ndarray, imm: int, *, va: int, rkey: int) -> Message:
+        """A message whose payload stays in ``src`` (contiguous) until ACKed: the caller
+        registers it in ``Engine.borrowed``, which copies it when ``src`` is written."""
+        raw = src.reshape(-1).view(np.uint8)
+        return cls(b"", imm, None, va=va, rkey=rkey, size=raw.size, src=raw,
+                   src_addr=raw.__array_interface__["data"][0])
+
+    def overlaps(self, lo: int, hi: int) -> bool:
+        """Whether the borrowed bytes still needed lie in addresses ``[lo, hi)``."""
+        a = self.src_addr + self.lo - self.src_off
+        return a < hi and lo < self.src_addr + self.size - self.src_off
+
+    def own(self) -> None:
+        """Copy the borrowed bytes a retransmission may still read (``[lo, size)``):
+        from now on the message no longer depends on the memory it was built from."""
+        keep = np.array(self.src[self.lo - self.src_off:], np.uint8)  # a copy
+        self.src, self.src_off = keep, self.lo
+        self.src_addr = keep.__array_interface__["data"][0]
+
     def payload(self, off: int, n: int, mtu: int) -> memoryview | bytes:
         """Payload bytes ``[off, off + n)``; ``off`` is a packet boundary."""
+        if self.src is not None:
+            # A copy: the packet's parts may outlive the borrowed memory's contents.
+            return self.src[off - self.src_off:off - self.src_off + n].tobytes()
         if self.rows is None:
             return self.data[off:off + n]
         return memoryview(self.rows[off // mtu])[wire.BTH_LEN:wire.BTH_LEN + n]
@@ -206,6 +239,24 @@ def _middle_state(seed: int, dqpn: int) -> int:
     """The ICRC's CRC state after a WRITE MIDDLE's masked first 8 BTH bytes, from the
     pseudo-header ``seed``: the same for every MIDDLE of a QP pair and size."""
     return wire.crc32(wire.bth_masked(_MIDDLE, 0, dqpn, False, 0)[:8], seed)
+
+
+class GatherRun:
+    """An outstanding run of MIDDLE packets of a borrowed message: the packets from byte
+    ``off`` of ``msg``'s payload, one ``meta`` row (BTH | ICRC) each. Resending it reads
+    the payload where ``msg`` keeps it now (borrowed, or its own copy)."""
+
+    __slots__ = ("meta", "msg", "mtu", "off")
+
+    def __init__(self, msg: Message, off: int, meta: np.ndarray, mtu: int) -> None:
+        self.msg, self.off, self.meta, self.mtu = msg, off, meta, mtu
+
+    def src_address(self) -> int:
+        return self.msg.src_addr + self.off - self.msg.src_off
+
+    def after(self, n: int) -> GatherRun:
+        """The run without its first ``n`` packets."""
+        return GatherRun(self.msg, self.off + n * self.mtu, self.meta[n:], self.mtu)
 
 
 ANY_QP = -1
@@ -329,7 +380,9 @@ class QueuePair:
                     self.engine.transmit_many(burst, self.addr)
                     burst = []
                 k = min((left - 1) // self.engine.mtu, window - self.inflight)
-                if msg.rows is not None:
+                if msg.src is not None:
+                    self._middle_gather(msg, k, now)
+                elif msg.rows is not None:
                     self._middle_rows(msg, k, now)
                 else:
                     self._middles(msg, k, now)
@@ -465,6 +518,33 @@ class QueuePair:
         self.cur_off += k * mtu
         self._send_rows(flat, k, seg)
 
+    def _middle_gather(self, msg: Message, k: int, now: float) -> None:
+        """:meth:`_middle_rows` for a borrowed message: the next ``k`` MIDDLE packets'
+        BTHs and ICRCs are sealed into a small ``meta`` array (``fp_seal_meta``, the ICRC
+        over the payload where it lies) and the kernel gathers each datagram from its
+        header, its payload and its ICRC; the payload is never copied in user space."""
+        mtu = self.engine.mtu
+        seg = _ROW_EXTRA + mtu
+        psn = self.next_psn
+        dqpn = self.remote_qpn
+        seed = wire.icrc_seed(self.src_ip, self.dst_ip, self.local_port, self.addr[1],
+                              wire.UDP_LEN + seg)
+        meta = np.empty((k, _ROW_EXTRA), np.uint8)
+        run = GatherRun(msg, self.cur_off, meta, mtu)
+        fp = self.fastpath
+        self.since_ackreq = fp.seal_meta(
+            meta.__array_interface__["data"][0], wire.BTH_LEN, run.src_address(), k, mtu,
+            wire.BTH_FMT.pack(_MIDDLE, 0, wire.PKEY, dqpn, 0)[:8], psn, wire.PSN_MASK,
+            wire.ACKREQ, self.since_ackreq, self.engine.window // 2,
+            _middle_state(seed, dqpn), fp.crc)
+        if not self.outstanding:
+            self.last_progress = now
+        self.outstanding.append((psn, run, None, k))
+        self.inflight += k
+        self.next_psn = (psn + k) & wire.PSN_MASK
+        self.cur_off += k * mtu
+        self.engine.transmit_gather(run, k, self.addr)
+
     @staticmethod
     def _seal_rows(run: np.ndarray, head: bytes, psn: int, since: int, half: int,
                    state: int) -> None:
@@ -528,7 +608,13 @@ class QueuePair:
         pop = out.popleft
         while n:
             first, parts, msg, k = out[0]
-            if k > n:  # the ACK ends inside a run: keep its unacknowledged tail
+            if type(parts) is GatherRun:
+                m = min(n, k)
+                parts.msg.lo = parts.off + m * parts.mtu  # never read again
+                if k > n:
+                    out[0] = ((first + n) & wire.PSN_MASK, parts.after(n), msg, k - n)
+                    return
+            elif k > n:  # the ACK ends inside a run: keep its unacknowledged tail
                 seg = len(parts) // k
                 rest = parts[n * seg:]
                 out[0] = ((first + n) & wire.PSN_MASK, rest if k - n > 1 else (rest,), msg,
@@ -537,6 +623,8 @@ class QueuePair:
             pop()
             n -= k
             if msg is not None:
+                if msg.src is not None:
+                    self.engine.release(msg)
                 if msg.pool is not None and msg.rows is not None:
                     # Its last packet is ACKed, so every packet is: no resend reads them.
                     msg.pool.give(msg.rows)
@@ -552,13 +640,17 @@ class QueuePair:
         self.engine.stats["retransmits"] += self.inflight
         batch: list = []
         for _, parts, _, k in self.outstanding:
-            if k == 1:
+            gather = type(parts) is GatherRun
+            if k == 1 and not gather:
                 batch.append(parts)
                 continue
             if batch:
                 self.engine.transmit_many(batch, self.addr)
                 batch = []
-            self._send_rows(parts, k, len(parts) // k)
+            if gather:
+                self.engine.transmit_gather(parts, k, self.addr)
+            else:
+                self._send_rows(parts, k, len(parts) // k)
         if batch:
             self.engine.transmit_many(batch, self.addr)
 
@@ -574,8 +666,11 @@ class QueuePair:
                 self.last_progress = now
                 self.engine.stats["retransmits"] += 1
                 _, parts, _, k = self.outstanding[0]
-                self.engine.transmit(parts if k == 1 else (parts[:len(parts) // k],),
-                                     self.addr)
+                if type(parts) is GatherRun:
+                    self.engine.transmit_gather(parts, 1, self.addr)
+                else:
+                    self.engine.transmit(parts if k == 1 else (parts[:len(parts) // k],),
+                                         self.addr)
             else:
                 self.retransmit(now)
 
@@ -609,6 +704,9 @@ class QueuePair:
             win = mr.window
             if win is not None and win[0] <= off and off + dlen <= win[1]:
                 mr, off = win[2], off - win[0]
+            if eng.borrowed:
+                # A message of ours may still need what this WRITE is about to overwrite.
+                eng.protect(mr.va + off, mr.va + off + dlen)
             self.w_off, self.w_len, self.w_done, self.w_mr = off, dlen, 0, mr
         elif self.w_off < 0:
             # MIDDLE/LAST without a FIRST: the sequence of opcodes is broken.
@@ -780,4 +878,5 @@ class QueuePair:
         self.post(Message(memoryview(b""), wire.pack_imm(slot, wire.STEP_CREDIT), None))
 
 
-__all__ = ["ANY_QP", "Arrival", "Completion", "MemoryRegion", "Message", "QueuePair", "RowPool"]
+__all__ = ["ANY_QP", "Arrival", "Completion", "GatherRun", "MemoryRegion", "Message", "QueuePair",
+           "RowPool"]

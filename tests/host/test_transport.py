@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import socket
 import struct
 import threading
@@ -428,18 +429,38 @@ class _Recorder:
         for b in range(0, k * seg, seg):
             self.out.append(bytes(flat[b:b + seg]))
 
+    def transmit_gather(self, run, k: int, addr) -> None:
+        # What fp_send_gather hands the kernel: BTH | payload where it lies | ICRC.
+        src = run.src_address()
+        for i in range(k):
+            meta = run.meta[i].tobytes()
+            self.out.append(meta[:wire.BTH_LEN] + ctypes.string_at(src + i * run.mtu, run.mtu)
+                            + meta[wire.BTH_LEN:])
+
+    borrowed: dict
+    protect = Engine.protect
+    release = Engine.release
+
 
 def _sent(staged: bool, rows: bool, data: np.ndarray, mtu: int, psn0: int,
-          native_path: bool = False) -> list[bytes]:
+          native_path: bool = False, borrowed: bool = False) -> list[bytes]:
     """Every datagram a QP sends for ``data`` as one direct WRITE, acknowledged in uneven
-    steps (ACKs that end inside a run), with a go-back-N and a timer probe on the way."""
+    steps (ACKs that end inside a run), with a go-back-N and a timer probe on the way.
+    ``borrowed``: the message reads ``data`` where it lies, and after the first round
+    ``data`` is overwritten (the engine protecting it first), so every later packet and
+    retransmission must come from the message's own copy."""
     from fpgaccl.host.qp import MemoryRegion, Message, QueuePair
     eng = _Recorder(mtu, 16, rows, native_path)
+    eng.borrowed = {}
     ring = MemoryRegion(1, np.zeros(mtu, np.uint8), 0x100)
     qp = QueuePair(eng, 1, 0x100, slot_bytes=mtu, slots=1, ring=ring)
     qp.connect(remote_qpn=0x4242, addr=("127.0.0.2", wire.ROCEV2_UDP_PORT),
                local_ip="127.0.0.1", send_psn=psn0, recv_psn=0, remote_va=0, remote_rkey=7)
-    if staged:
+    if borrowed:
+        data = data.copy()
+        msg = Message.borrowed(data, 0x00050003, va=0x1000, rkey=9)
+        eng.borrowed[id(msg)] = msg
+    elif staged:
         msg = Message.staged(data, mtu, 0x00050003, va=0x1000, rkey=9)
     else:
         msg = Message(memoryview(data.tobytes()), 0x00050003, None, va=0x1000, rkey=9)
@@ -449,6 +470,11 @@ def _sent(staged: bool, rows: bool, data: np.ndarray, mtu: int, psn0: int,
     while qp.cur is not None or qp.direct or qp.outstanding:
         qp.pump(0.0)
         rounds += 1
+        if borrowed and rounds == 1:
+            lo = data.ctypes.data
+            eng.protect(lo + 5, lo + 6)  # one byte of it is about to be written
+            assert not eng.borrowed and eng.stats["borrow_copies"] == 1
+            data[:] = 0xEE
         if rounds == 2:
             qp.retransmit(0.0)
         if rounds == 3:
@@ -456,6 +482,7 @@ def _sent(staged: bool, rows: bool, data: np.ndarray, mtu: int, psn0: int,
         n = min(next(acks), qp.inflight)
         qp._acked((qp.outstanding[0][0] + n - 1) & wire.PSN_MASK, 0.0)
     assert qp.inflight == 0
+    assert msg.src is None  # ACKed whole: nothing of it is kept
     return eng.out
 
 
@@ -481,6 +508,47 @@ def test_staged_message_sends_the_same_datagrams(nbytes: int, rows: bool,
     first = min(16, -(-nbytes // 256))
     assert psns[:first] == [((1 << 24) - 13 + i) & wire.PSN_MASK for i in range(first)]
     assert len(psns) > -(-nbytes // 256)
+
+
+@pytest.mark.parametrize("nbytes", [3 * 256 + 4, 40 * 256, 40 * 256 + 100])
+def test_borrowed_message_sends_the_same_datagrams(nbytes: int) -> None:
+    # A borrowed message (MIDDLEs gathered from the sender's memory, sealed in C) puts on
+    # the wire what the per-packet path does, and once its memory is written over after
+    # Engine.protect, its retransmissions still carry the bytes it was posted with.
+    if native.load() is None:
+        pytest.skip(f"no C fast path: {native.reason}")
+    data = np.random.default_rng(nbytes).integers(0, 256, nbytes, dtype=np.uint8)
+    want = _sent(False, False, data, 256, (1 << 24) - 13)
+    got = _sent(False, False, data, 256, (1 << 24) - 13, True, borrowed=True)
+    assert len(got) == len(want) and got == want
+
+
+def _zero_copy_drops(comm, n: int, rounds: int) -> dict:
+    # A receive buffer of the kernel's minimum: most of every burst is dropped, so the
+    # borrowed SENDs are resent while the in-place ring writes over their sources.
+    comm.engine.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1)
+    ok = True
+    p = comm.world_size
+    x = np.empty(n, np.int64)
+    for i in range(rounds):
+        # Written the moment the last call returns, while its last SENDs may still be
+        # unACKed: their resends must carry what they were posted with.
+        x[:] = (np.arange(n, dtype=np.int64) * (comm.rank + 1 + i)) % 100_003
+        comm.allreduce(x, algo="ring")
+        want = sum((np.arange(n, dtype=np.int64) * (k + 1 + i)) % 100_003 for k in range(p))
+        ok &= bool(np.array_equal(x, want))
+    return {"ok": ok, "zero_copy": comm.engine.zero_copy, "stats": comm.stats()}
+
+
+def test_zero_copy_sends_survive_kernel_drops() -> None:
+    if native.load() is None:
+        pytest.skip(f"no C fast path: {native.reason}")
+    res = all_ok(run_world(3, _zero_copy_drops, n=300_000, rounds=3, timeout=180,
+                           comm_kw={"rto_s": 0.02, "deadline_s": 120}))
+    assert all(r["ok"] for r in res)
+    assert all(r["zero_copy"] for r in res)
+    total = {k: sum(r["stats"].get(k, 0) for r in res) for k in ("retransmits", "borrow_copies")}
+    assert min(total.values()) > 0, total
 
 
 def _deferred_acks(comm) -> dict:
