@@ -94,3 +94,43 @@ def test_send_rows_and_recv_batch_carry_every_datagram(per: int) -> None:
     finally:
         tx.close()
         rx.close()
+
+
+@pytest.mark.parametrize("shift", [0, 3, 17, 32])
+def test_take_runs_lands_payloads_exactly_at_any_alignment(shift: int) -> None:
+    # Full-MTU payloads are copied with streaming stores where the CPU has them: at any
+    # destination alignment every taken payload lands whole, and nothing is written for
+    # the packet that fails its ICRC or for any packet after it.
+    from fpgaccl.host import wire
+    from fpgaccl.host.qp import _MIDDLE
+    fp = native.load()
+    if fp is None:
+        pytest.skip(f"no C fast path: {native.reason}")
+    mtu, k, psn0, state = 4096, 12, (1 << 24) - 4, 0x1234ABCD
+    seg = wire.BTH_LEN + mtu + wire.ICRC_LEN
+    rng = np.random.default_rng(shift)
+    payloads = rng.integers(0, 256, (k, mtu), np.uint8)
+    rows = np.zeros((k, seg), np.uint8)
+    head = wire.BTH_FMT.pack(_MIDDLE, 0, wire.PKEY, 0x101, 0)[:8]
+    for i in range(k):
+        rows[i, :8] = np.frombuffer(head, np.uint8)
+        w2 = ((psn0 + i) & wire.PSN_MASK) | (wire.ACKREQ if i == 7 else 0)
+        rows[i, 8:12] = np.frombuffer(w2.to_bytes(4, "big"), np.uint8)
+        rows[i, wire.BTH_LEN:wire.BTH_LEN + mtu] = payloads[i]
+        icrc = wire.crc32(rows[i, 8:seg - 4].tobytes(), state)
+        rows[i, seg - 4:] = np.frombuffer(icrc.to_bytes(4, "little"), np.uint8)
+    rows[9, wire.BTH_LEN + 100] ^= 1  # packet 9's ICRC no longer matches
+    buf = np.zeros(2 * native.SLOT_BYTES, np.uint8)  # two GRO runs: 8 datagrams, then 4
+    buf[:8 * seg] = rows[:8].reshape(-1)
+    buf[native.SLOT_BYTES:native.SLOT_BYTES + 4 * seg] = rows[8:].reshape(-1)
+    meta = np.array([[8 * seg, 4 * seg], [seg, seg], [7, 7], [4791, 4791]], np.uint32)
+    dst = np.full(k * mtu + 64, 0xAA, np.uint8)
+    ackreq, whole = ctypes.c_uint32(), ctypes.c_uint32()
+    taken = fp.take_runs(buf.ctypes.data, native.SLOT_BYTES, 0, 2,
+                         *(int(m.ctypes.data) for m in meta), seg, wire.BTH_LEN, psn0,
+                         wire.PSN_MASK, wire.ACKREQ, state, fp.crc, dst.ctypes.data + shift,
+                         100, ctypes.byref(ackreq), ctypes.byref(whole))
+    assert (taken, whole.value) == (9, 1)
+    assert ackreq.value == wire.ACKREQ
+    assert np.array_equal(dst[shift:shift + 9 * mtu], payloads[:9].reshape(-1))
+    assert (dst[:shift] == 0xAA).all() and (dst[shift + 9 * mtu:] == 0xAA).all()
