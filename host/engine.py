@@ -202,6 +202,7 @@ class Engine:
         self._jobs: deque[Job] = deque()
         self._stop = False
         self.failed: BaseException | None = None
+        self._qp_error: BaseException | None = None  # the first queue pair's failure
         # The C loops (host/fastpath.c), unless turned off or unavailable. A tap or a link
         # shim sees datagrams one by one, so they keep the Python send path.
         self.fastpath = native.load() if native_path else None
@@ -489,6 +490,7 @@ class Engine:
         self.drops[reason] += 1
 
     def qp_failed(self, qp: QueuePair, error: BaseException) -> None:
+        self._qp_error = self._qp_error or error  # jobs not yet started fail with it too
         for job in self._jobs:
             job.finish(error)
         self._jobs.clear()
@@ -500,14 +502,22 @@ class Engine:
             poller.register(self.sock, select.POLLIN)
             poller.register(self._wake_r, select.POLLIN)
             wake_fd = self._wake_r.fileno()
+            qps: list[QueuePair] = []
             while not self._stop:
+                if len(qps) != len(self.by_peer):
+                    qps = list(self.by_peer.values())
                 busy = self._receive()
                 now = time.monotonic()
-                for qp in self.by_peer.values():
-                    qp.flush_ack(now)
-                    if qp.has_work() and qp.pump(now):
+                # The per-QP checks are inlined guards: this loop runs hundreds of times a
+                # collective, and most turns find nothing for most QPs.
+                for qp in qps:
+                    if qp.ack_pending or qp.ack_due:
+                        qp.flush_ack(now)
+                    if (qp.cur is not None or qp.credits or qp.direct or (
+                            qp.pending and qp.free_slots)) and qp.pump(now):
                         busy = True
-                    qp.check_timer(now, self.rto_s)
+                    if qp.outstanding:
+                        qp.check_timer(now, self.rto_s)
                 if self.arrivals_dirty:
                     self._match()
                 if self._submitted or self._jobs:
@@ -771,10 +781,7 @@ class Engine:
                     err = c.error
                     break
             if err is None and not all(c.done for c in job.waiting):
-                for qp in self.by_peer.values():
-                    if qp.error is not None:
-                        err = qp.error
-                        break
+                err = self._qp_error
                 if err is None:
                     if now - job.started > job.deadline_s:
                         err = CollectiveTimeoutError(
