@@ -36,7 +36,7 @@ from fpgaccl.errors import (
 )
 from fpgaccl.proto import programs as lib
 from fpgaccl.proto.drops import DropReason
-from fpgaccl.proto.isa import Buf, Instr
+from fpgaccl.proto.isa import Buf, Instr, checked_program
 from fpgaccl.proto.reduce import DType, ReduceOp
 
 from . import algorithms as alg
@@ -661,7 +661,10 @@ class Communicator:
         sa = s.array
         if op is not None:
             resolve_op(op, sa.dtype)
-        program = list(program)
+        try:
+            program = checked_program(program, self.rank, self.world_size)
+        except (TypeError, ValueError) as e:
+            raise InvalidArgumentError("program", str(e)) from None
         nch = setup_chunks(program)
         if nch * -(-sa.size // nch) * sa.itemsize > self.stage_bytes:
             raise CountMismatchError("sendbuf", f"{sa.nbytes} bytes do not fit the "

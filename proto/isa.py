@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from enum import IntEnum
 
 from .fields import Field, Header, one_of
+from .headers import COLLECTIVE_IMM
 
 
 class SeqOp(IntEnum):
@@ -110,6 +111,56 @@ class Instr:
             return f"RECV {self.buf.name}{rng} <- rank {self.peer} step={self.step}"
         return (f"RECV_REDUCE {self.buf.name}{rng} = op({self.src.name}, "
                 f"{self.rbuf.name}[{self.xchunk}]) <- rank {self.peer} step={self.step}")
+
+
+MAX_STEP = (1 << COLLECTIVE_IMM["step"].bits) - 1
+"""The largest message tag a SEND/RECV/GRANT may carry: the ISA's 16-bit ``step`` goes
+on the wire in COLLECTIVE_IMM's 15-bit field."""
+
+_PEER_OPS = frozenset({SeqOp.SEND, SeqOp.RECV, SeqOp.RECV_REDUCE, SeqOp.GRANT})
+
+
+def checked_program(program: object, rank: int, world_size: int) -> list[Instr]:
+    """``program`` (rank ``rank`` of ``world_size``) with its op and buffer fields as
+    :class:`SeqOp`/:class:`Buf` members, up to its DONE; ValueError naming the first
+    instruction that cannot run: not an :class:`Instr`, a field that does not fit its
+    width or names no op or buffer, a peer outside the world or the rank itself, a tag
+    beyond :data:`MAX_STEP`, a SETUP of zero chunks, chunks beyond the last SETUP's, or
+    no DONE at all. The engines would fail such a program only when they reach it,
+    part-way through a collective the other ranks are already running."""
+    nchunks = 1
+    out: list[Instr] = []
+    for pc, ins in enumerate(program):  # type: ignore[call-overload]
+        if not isinstance(ins, Instr):
+            raise ValueError(f"instruction {pc} is a {type(ins).__name__}, not an Instr")
+        try:
+            ins.encode()
+            ins = Instr(SeqOp(ins.op), Buf(ins.buf), Buf(ins.src), Buf(ins.rbuf), ins.peer,
+                        ins.chunk, ins.count, ins.xchunk, ins.step)
+        except (ValueError, TypeError) as e:
+            raise ValueError(f"instruction {pc} ({ins!r}): {e}") from None
+        where = f"instruction {pc} ({ins})"
+        out.append(ins)
+        o = ins.op
+        if o is SeqOp.DONE:
+            return out
+        if o is SeqOp.SETUP:
+            if ins.step == 0:
+                raise ValueError(f"{where}: SETUP of zero chunks")
+            nchunks = ins.step
+            continue
+        if o in _PEER_OPS:
+            if ins.peer >= world_size or ins.peer == rank:
+                raise ValueError(f"{where}: peer {ins.peer} is not another rank of "
+                                 f"0..{world_size - 1} (this is rank {rank})")
+            if ins.step > MAX_STEP:
+                raise ValueError(f"{where}: step {ins.step} does not fit the "
+                                 f"{MAX_STEP.bit_length()}-bit message tag of COLLECTIVE_IMM")
+        if o in (SeqOp.COPY, SeqOp.SEND, SeqOp.RECV_REDUCE) and \
+                ins.chunk + ins.count > nchunks:
+            raise ValueError(f"{where}: chunks [{ins.chunk}, {ins.chunk + ins.count}) are "
+                             f"beyond the {nchunks} of the last SETUP")
+    raise ValueError("the program has no DONE")
 
 
 def chunk_size(n: int, nchunks: int) -> int:

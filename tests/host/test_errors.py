@@ -235,3 +235,18 @@ def test_ranks_on_several_hosts_need_master_addr(monkeypatch, placement) -> None
     with pytest.raises(InvalidArgumentError) as e:
         communicator.init()
     assert _arg(e) == "MASTER_ADDR"
+
+
+def test_run_program_checks_the_program_before_anything_runs(comm) -> None:
+    # Rank 0 of 1: a program that sends to a rank that does not exist, or with a tag the
+    # wire cannot carry, is refused whole instead of failing part-way through a call.
+    from fpgaccl.proto.isa import Instr, SeqOp
+    for bad in ([Instr(SeqOp.SEND, peer=1), Instr(SeqOp.DONE)],
+                [Instr(SeqOp.COPY, buf=1), Instr(SeqOp.SETUP, step=0), Instr(SeqOp.DONE)],
+                [Instr(SeqOp.COPY, buf=1)], 42):
+        with pytest.raises(InvalidArgumentError) as e:
+            comm.run_program(bad, np.arange(8, dtype=np.int32))
+        assert _arg(e) == "program"
+    from fpgaccl.proto.isa import Buf
+    ok = [Instr(SeqOp.COPY, buf=Buf.OUT, src=Buf.IN), Instr(SeqOp.DONE)]
+    assert np.array_equal(comm.run_program(ok, np.arange(8, dtype=np.int32)), np.arange(8))
