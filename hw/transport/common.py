@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from amaranth.hdl import Module, Signal, Value
 
-from fpgaccl.proto.opcodes import PSN_BITS
+from fpgaccl.proto.opcodes import PSN_BITS, QPN_BITS
 
 from .layouts import QPState
 
@@ -36,7 +36,7 @@ def qp_lookup(m: Module, qp_ctl, nqp: int, dqpn: Value, min_state: int, name: st
     idx = Signal(range(max(nqp, 2)), name=f"{name}_idx")
     for i in reversed(range(nqp)):
         st = qp_ctl[i].state.state
-        with m.If((qp_ctl[i].local_qpn.value[:PSN_BITS] == dqpn)
+        with m.If((qp_ctl[i].local_qpn.value[:QPN_BITS] == dqpn)
                   & (st >= min_state) & (st != QPState.ERROR)):
             m.d.comb += [hit.eq(1), idx.eq(i)]
     return hit, idx

@@ -41,7 +41,7 @@ from amaranth.lib.wiring import In, Out
 from amaranth.utils import exact_log2
 
 from fpgaccl.hw.stream.beat import beat_stream
-from fpgaccl.proto.opcodes import AethKind, NakCode, Opcode
+from fpgaccl.proto.opcodes import PSN_BITS, QPN_BITS, AethKind, NakCode, Opcode
 
 from .common import behind, pick, psn_sub, qp_lookup, sat_inc
 from .layouts import (
@@ -99,7 +99,8 @@ class Requester(wiring.Component):
         laddr, raddr = per_qp(64, "laddr"), per_qp(64, "raddr")
         rkey, length, imm, has_imm = (per_qp(32, "rkey"), per_qp(32, "len"), per_qp(32, "imm"),
                                       per_qp(1, "has_imm"))
-        first, end, send, una, hi = (per_qp(24, n) for n in ("first", "end", "send", "una", "hi"))
+        first, end, send, una, hi = (per_qp(PSN_BITS, n)
+                                      for n in ("first", "end", "send", "una", "hi"))
         retries = per_qp(8, "retries")
         timer = per_qp(TIMER_BITS, "timer")
         kick = per_qp(1, "kick")   # comb: restart this QP's timer
@@ -151,26 +152,26 @@ class Requester(wiring.Component):
             pk[name] = (r, pick(values, sel, width, m, f"{name}_p"))
             return r
 
-        c_send = picked(send, 24, "c_send")
-        c_first = picked(first, 24, "c_first")
-        c_end = picked(end, 24, "c_end")
-        c_hi = picked(hi, 24, "c_hi")
+        c_send = picked(send, PSN_BITS, "c_send")
+        c_first = picked(first, PSN_BITS, "c_first")
+        c_end = picked(end, PSN_BITS, "c_end")
+        c_hi = picked(hi, PSN_BITS, "c_hi")
         c_len = picked(length, 32, "c_len")
         c_laddr = picked(laddr, 64, "c_laddr")
         c_raddr = picked(raddr, 64, "c_raddr")
         c_rkey = picked(rkey, 32, "c_rkey")
         c_imm = picked(imm, 32, "c_imm")
         c_has_imm = picked(has_imm, 1, "c_has_imm")
-        c_rqpn = picked([self.qp_ctl[i].remote_qpn.value[:24] for i in range(nqp)], 24,
+        c_rqpn = picked([self.qp_ctl[i].remote_qpn.value[:QPN_BITS] for i in range(nqp)], QPN_BITS,
                         "c_rqpn")
         idx = psn_sub(m, c_send, c_first, "pkt_idx")
-        off = Signal(24 + self.log2mtu)
+        off = Signal(PSN_BITS + self.log2mtu)
         m.d.comb += off.eq(idx << self.log2mtu)
         rem = Signal(33)
         m.d.comb += rem.eq(c_len - off)
         nbytes_c = Signal(range(self.mtu + 1))
         m.d.comb += nbytes_c.eq(Mux(rem > self.mtu, self.mtu, rem))
-        nxt_c = Signal(24)
+        nxt_c = Signal(PSN_BITS)
         m.d.comb += nxt_c.eq(c_send + 1)
         is_last_c = nxt_c == c_end
         is_first_c = idx == 0
@@ -194,7 +195,7 @@ class Requester(wiring.Component):
         periodic_c = (idx[:k] == self.ackreq_every - 1) if k else Const(1)
         # CALC's registers: what BUILD puts in the header and the read request.
         nbytes = Signal.like(nbytes_c)
-        nxt = Signal(24)
+        nxt = Signal(PSN_BITS)
         is_first, is_last, ackreq, retx = Signal(), Signal(), Signal(), Signal()
         op_r = Signal(8)
         rd_addr = Signal(64)
@@ -287,14 +288,14 @@ class Requester(wiring.Component):
         b_v = Signal()
         hit = Signal()
         aq = Signal(range(max(nqp, 2)))
-        p = Signal(24)
+        p = Signal(PSN_BITS)
         syndrome = Signal(8)
         with m.If(a_v & ~b_v):
             m.d.sync += [b_v.eq(1), a_v.eq(0), hit.eq(a_hit), aq.eq(a_q),
                          p.eq(a.bth.psn), syndrome.eq(a.aeth.syndrome)]
         b_old = Signal()        # b has waited its cycle: the flags below are its own
         m.d.sync += b_old.eq(b_v)
-        p1 = Signal(24)
+        p1 = Signal(PSN_BITS)
         m.d.comb += p1.eq(p + 1)
         kind = syndrome[5:7]
         code = syndrome[:5]
@@ -339,7 +340,7 @@ class Requester(wiring.Component):
 
         t_hot = Signal(nqp, init=1)     # t's one-hot twin, kept in step with it
         m.d.sync += t_hot.eq(Mux(t == nqp - 1, 1, t_hot << 1)[:nqp])
-        t_una = sel_hot(t_hot, una, 24, "t_una")
+        t_una = sel_hot(t_hot, una, PSN_BITS, "t_una")
         t_retries = sel_hot(t_hot, retries, 8, "t_retries")
         t_expired = (t_hot & expired).any()
         # Each QP's "retries used up" is a flop written beside its retry count, then the
@@ -357,7 +358,7 @@ class Requester(wiring.Component):
         dv_old = Signal()       # dv since last cycle: d_ok/d_busy below are its QP's
         dq_hot = Signal(nqp)
         dq_bad = Signal()
-        npkts = Signal(24)
+        npkts = Signal(PSN_BITS)
         taken = Signal()        # the control is done with the descriptor
         m.d.comb += self.desc.ready.eq(~dv)
         with m.If(taken):
@@ -377,7 +378,7 @@ class Requester(wiring.Component):
                      d_ok.eq(~dq_bad & (dq_hot & Cat(*[~err[i] & (state[i] == QPState.RTS)
                                                        for i in range(nqp)])).any()),
                      d_busy.eq((dq_hot & Cat(*active)).any())]
-        d_next = sel_hot(dq_hot, end, 24, "d_next")
+        d_next = sel_hot(dq_hot, end, PSN_BITS, "d_next")
 
         def on(sigs, h, value):
             for i, sig in enumerate(sigs):
@@ -462,7 +463,7 @@ class Requester(wiring.Component):
         for i in range(nqp):
             # Software owns the context until it moves the QP to RTS (last: it wins).
             with m.If(state[i] < QPState.RTS):
-                psn0 = self.qp_ctl[i].next_psn.value[:24]
+                psn0 = self.qp_ctl[i].next_psn.value[:PSN_BITS]
                 m.d.sync += [active[i].eq(0), err[i].eq(0), retries[i].eq(0), maxed[i].eq(at_max0),
                              first[i].eq(psn0), end[i].eq(psn0), send[i].eq(psn0),
                              una[i].eq(psn0), hi[i].eq(psn0)]

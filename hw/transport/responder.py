@@ -41,11 +41,14 @@ from amaranth.lib.wiring import In, Out
 
 from fpgaccl.hw.stream.beat import beat_stream
 from fpgaccl.proto.drops import DROP_COUNTER_BITS, DropReason
+from fpgaccl.proto.headers import AETH
 from fpgaccl.proto.opcodes import (
     ACK_CREDIT_INVALID,
     FIRST_OPCODES,
     LAST_OPCODES,
     ONLY_OPCODES,
+    PSN_BITS,
+    QPN_BITS,
     AethKind,
     NakCode,
     Opcode,
@@ -62,6 +65,7 @@ from .layouts import (
     qp_ctl_layout,
 )
 
+MSN_BITS = AETH["msn"].bits
 WRITE_OPS = {int(o) for o in Opcode if o.name.startswith("RDMA_WRITE")}
 _FIRST = {int(o) for o in FIRST_OPCODES | ONLY_OPCODES} & WRITE_OPS
 _END = {int(o) for o in LAST_OPCODES | ONLY_OPCODES} & WRITE_OPS
@@ -110,14 +114,14 @@ class Responder(wiring.Component):
         def per_qp(width, name):
             return [Signal(width, name=f"{name}{i}") for i in range(nqp)]
 
-        epsn, msn = per_qp(24, "epsn"), per_qp(24, "msn")
+        epsn, msn = per_qp(PSN_BITS, "epsn"), per_qp(MSN_BITS, "msn")
         nak_sent, ack_owed, nak_owed = per_qp(1, "nak_sent"), per_qp(1, "ack_owed"), per_qp(
             1, "nak_owed")
-        nak_code, nak_psn = per_qp(5, "nak_code"), per_qp(24, "nak_psn")
+        nak_code, nak_psn = per_qp(5, "nak_code"), per_qp(PSN_BITS, "nak_psn")
         since = per_qp(16, "since_ack")
         # Newest PSN whose payload memory has taken: what an ACK may claim (epsn - 1
         # runs ahead of it while a packet's payload is still streaming).
-        done = per_qp(24, "done_psn")
+        done = per_qp(PSN_BITS, "done_psn")
         w_open, w_va, w_rem = per_qp(1, "w_open"), per_qp(64, "w_va"), per_qp(32, "w_rem")
         m_va, m_len = per_qp(64, "m_va"), per_qp(32, "m_len")
 
@@ -140,15 +144,16 @@ class Responder(wiring.Component):
                 out.bth.eq(0),
                 out.bth.opcode.eq(Opcode.ACKNOWLEDGE),
                 out.bth.pkey.eq(0xFFFF),
-                out.bth.dqpn.eq(pick([c.remote_qpn.value[:24] for c in self.qp_ctl], a, 24,
+                out.bth.dqpn.eq(pick([c.remote_qpn.value[:QPN_BITS] for c in self.qp_ctl], a,
+                                     QPN_BITS,
                                      m, "a_dqpn")),
-                out.bth.psn.eq(Mux(a_nak, pick(nak_psn, a, 24, m, "a_nak_psn"),
-                                   pick(done, a, 24, m, "a_done"))),
+                out.bth.psn.eq(Mux(a_nak, pick(nak_psn, a, PSN_BITS, m, "a_nak_psn"),
+                                   pick(done, a, PSN_BITS, m, "a_done"))),
                 out.reth.eq(0), out.immdt.eq(0),
                 out.has_aeth.eq(1), out.has_reth.eq(0), out.has_immdt.eq(0),
                 out.payload_len.eq(0),
                 out.qp.eq(a),
-                out.aeth.msn.eq(pick(msn, a, 24, m, "a_msn")),
+                out.aeth.msn.eq(pick(msn, a, MSN_BITS, m, "a_msn")),
                 out.aeth.syndrome.eq(Mux(
                     a_nak, Const(int(AethKind.NAK) << 5, 8) | pick(nak_code, a, 5, m, "a_code"),
                     ACK_SYNDROME)),
@@ -239,9 +244,9 @@ class Responder(wiring.Component):
         # muxes and works out the PSN distance and the length test into flops; CHECK
         # decides from those. Only CHECK writes these context fields, so they cannot
         # change in between.
-        ctx = [(epsn, 24, "epsn"), (nak_sent, 1, "nak_sent"), (w_open, 1, "open"),
+        ctx = [(epsn, PSN_BITS, "epsn"), (nak_sent, 1, "nak_sent"), (w_open, 1, "open"),
                (w_va, 64, "va"), (w_rem, 32, "rem"), (m_va, 64, "mva"), (m_len, 32, "mlen"),
-               (msn, 24, "msn"), (since, 16, "since")]
+               (msn, MSN_BITS, "msn"), (since, 16, "since")]
         picked = {name: pick(sigs, q, w, m, f"pick_{name}") for sigs, w, name in ctx}
         cur = {name: Signal(w, name=f"cur_{name}") for _, w, name in ctx
                if name not in ("va", "rem")}       # those two go into va/rem below
@@ -281,7 +286,7 @@ class Responder(wiring.Component):
         acc_hot, fin_hot, dup_hot, nak_hot, close_hot = (
             Signal(nqp, name=n) for n in ("acc_hot", "fin_hot", "dup_hot", "nak_hot",
                                           "close_hot"))
-        k_code, k_psn = Signal(5), Signal(24)
+        k_code, k_psn = Signal(5), Signal(PSN_BITS)
         m.d.sync += [s.eq(0) for s in (acc_hot, fin_hot, dup_hot, nak_hot, close_hot)]
 
         def nak(code, psn):
@@ -305,7 +310,7 @@ class Responder(wiring.Component):
         # hands: a requester's completion must mean the bytes are placed.
         pend, pend_owe, pend_cmpl = Signal(), Signal(), Signal()
         pend_q = Signal(range(max(nqp, 2)))
-        pend_psn = Signal(24)
+        pend_psn = Signal(PSN_BITS)
         with m.If(pend & self.wr.valid & self.wr.ready & self.wr.payload.last):
             m.d.sync += [pend.eq(0), self.cmpl.valid.eq(pend_cmpl)]
             for i in range(nqp):
@@ -454,7 +459,7 @@ class Responder(wiring.Component):
         for i in range(nqp):
             # Software owns the context until it moves the QP to RTR (last: it wins).
             with m.If(self.qp_ctl[i].state.state < QPState.RTR):
-                psn0 = self.qp_ctl[i].expected_psn.value[:24]
+                psn0 = self.qp_ctl[i].expected_psn.value[:PSN_BITS]
                 m.d.sync += [epsn[i].eq(psn0), done[i].eq(psn0 - 1), msn[i].eq(0),
                              nak_sent[i].eq(0), ack_owed[i].eq(0), nak_owed[i].eq(0),
                              w_open[i].eq(0), since[i].eq(0)]
