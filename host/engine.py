@@ -395,16 +395,27 @@ class Engine:
 
     def _send_native(self, ptr: int, k: int, seg: int, addr: tuple[str, int]) -> None:
         """:meth:`transmit_rows` through ``fp_send_rows``: up to 64 GSO runs (or plain
-        datagrams) per sendmmsg, with :meth:`_sendmsg`'s handling of a full socket
-        buffer, a gone peer and a path that cannot segment."""
+        datagrams) per sendmmsg (see :meth:`_send_batches`)."""
+        send, fd, ref = self.fastpath.send_rows, self.sock.fileno(), self._sockaddr(addr)
+        self._send_batches(k, seg, addr,
+                           lambda done, per: send(fd, ptr + done * seg, k - done, seg, per, ref))
+
+    def _sockaddr(self, addr: tuple[str, int]) -> Any:
         sa = self._sockaddrs.get(addr)
         if sa is None:
             sa = self._sockaddrs[addr] = native.sockaddr(addr)
-        send, fd, ref = self.fastpath.send_rows, self.sock.fileno(), ctypes.byref(sa)
+        return ctypes.byref(sa)
+
+    def _send_batches(self, k: int, seg: int, addr: tuple[str, int],
+                      send: Callable[[int, int], int]) -> None:
+        """Hand ``k`` datagrams of ``seg`` bytes to the kernel through ``send(done, per)``
+        (a C sender: the datagrams from ``done`` on, ``per`` to a GSO message; returns how
+        many went, or -errno), with :meth:`_sendmsg`'s handling of a full socket buffer,
+        a gone peer and a path that cannot segment."""
         done = 0
         for _ in range(1000):
             per = max(1, min(GSO_MAX_SEGMENTS, GSO_MAX_BYTES // seg)) if self.gso else 1
-            r = send(fd, ptr + done * seg, k - done, seg, per, ref)
+            r = send(done, per)
             if r < 0:
                 err = -r
                 if err in (errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH):
@@ -430,40 +441,14 @@ class Engine:
             self._sendmsg((data[i:i + seg],), addr)
 
     def transmit_gather(self, run: GatherRun, k: int, addr: tuple[str, int]) -> None:
-        """Send the first ``k`` packets of ``run`` (``fp_send_gather``), with
-        :meth:`_send_native`'s handling of a full socket buffer, a gone peer and a path
-        that cannot segment."""
-        sa = self._sockaddrs.get(addr)
-        if sa is None:
-            sa = self._sockaddrs[addr] = native.sockaddr(addr)
-        send, fd, ref = self.fastpath.send_gather, self.sock.fileno(), ctypes.byref(sa)
-        mtu = run.mtu
+        """Send the first ``k`` packets of ``run`` through ``fp_send_gather`` (see
+        :meth:`_send_batches`)."""
+        send, fd, ref = self.fastpath.send_gather, self.sock.fileno(), self._sockaddr(addr)
+        mtu, bth = run.mtu, wire.BTH_LEN
         meta, row = run.meta.__array_interface__["data"][0], run.meta.shape[1]
         src = run.src_address()
-        seg = row + mtu
-        done = 0
-        for _ in range(1000):
-            per = max(1, min(GSO_MAX_SEGMENTS, GSO_MAX_BYTES // seg)) if self.gso else 1
-            r = send(fd, meta + done * row, wire.BTH_LEN, src + done * mtu, k - done, mtu,
-                     per, ref)
-            if r < 0:
-                err = -r
-                if err in (errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH):
-                    return  # the peer is gone; its timeout will surface
-                if per > 1 and err in (errno.EIO, errno.EINVAL, errno.EOPNOTSUPP,
-                                       errno.EMSGSIZE):
-                    self.gso = False  # this path cannot segment: one datagram per message
-                    continue
-                if err == errno.EMSGSIZE:
-                    raise TransportError(
-                        f"a {seg}-byte datagram does not fit the link to {addr[0]} (DF is "
-                        "set, as RoCEv2 requires): choose a smaller mtu")
-                raise OSError(err, os.strerror(err))
-            done += r
-            self.stats["tx_packets"] += r
-            if done >= k:
-                return
-            select.select([], [self.sock], [], 0.01)
+        self._send_batches(k, row + mtu, addr, lambda done, per: send(
+            fd, meta + done * row, bth, src + done * mtu, k - done, mtu, per, ref))
 
     # ------------------------------------------------------------------ borrowed memory
     def protect(self, lo: int, hi: int) -> None:

@@ -203,6 +203,45 @@ uint64_t fp_take_runs(const uint8_t *buf, uint32_t slot, uint32_t j0, uint32_t r
 
 #define BATCH 64
 
+typedef union {
+    char buf[CMSG_SPACE(sizeof(uint16_t))];
+    struct cmsghdr align;
+} gso_ctl;
+
+/* Address message m to dst; when it holds more than one datagram, have the kernel cut it
+ * into seg-byte datagrams (UDP_SEGMENT), the control message kept in ctl. */
+static void address_msg(struct mmsghdr *m, gso_ctl *ctl, const struct sockaddr_in *dst,
+                        uint32_t cnt, uint16_t seg) {
+    m->msg_hdr.msg_name = (void *)dst;
+    m->msg_hdr.msg_namelen = sizeof(*dst);
+    if (cnt > 1) {
+        struct cmsghdr *c = (struct cmsghdr *)ctl->buf;
+        m->msg_hdr.msg_control = ctl->buf;
+        m->msg_hdr.msg_controllen = sizeof(ctl->buf);
+        c->cmsg_level = SOL_UDP;
+        c->cmsg_type = UDP_SEGMENT;
+        c->cmsg_len = CMSG_LEN(sizeof(uint16_t));
+        memcpy(CMSG_DATA(c), &seg, sizeof(seg));
+    }
+}
+
+/* One sendmmsg of n messages, message j holding cnts[j] datagrams; adds the datagrams the
+ * kernel took to *done. Returns 1 when all n went (go on), 0 when the batch stopped short
+ * (a full socket buffer, or a failure after some datagrams went: report *done), or
+ * -errno when nothing at all went. */
+static int64_t send_batch(int fd, struct mmsghdr *msgs, uint32_t n, const uint32_t *cnts,
+                          uint64_t *done) {
+    int r;
+    do {
+        r = sendmmsg(fd, msgs, n, MSG_DONTWAIT);
+    } while (r < 0 && errno == EINTR);
+    if (r < 0)
+        return (*done || errno == EAGAIN || errno == EWOULDBLOCK) ? 0 : -(int64_t)errno;
+    for (int j = 0; j < r; j++)
+        *done += cnts[j];
+    return (uint32_t)r == n;
+}
+
 /* Send k datagrams of seg bytes lying back to back at `data` to `dst`, `per` datagrams
  * per UDP_SEGMENT message (per == 1: plain datagrams), up to BATCH messages per
  * sendmmsg. Returns the number of datagrams handed to the kernel (fewer than k when the
@@ -211,48 +250,26 @@ int64_t fp_send_rows(int fd, const uint8_t *data, uint32_t k, uint32_t seg, uint
                      const struct sockaddr_in *dst) {
     struct mmsghdr msgs[BATCH];
     struct iovec iov[BATCH];
-    union {
-        char buf[CMSG_SPACE(sizeof(uint16_t))];
-        struct cmsghdr align;
-    } ctl[BATCH];
+    gso_ctl ctl[BATCH];
+    uint32_t cnts[BATCH];
     uint64_t done = 0;
     while (done < k) {
         uint32_t n = 0;
         uint64_t at = done;
-        while (n < BATCH && at < k) {
+        for (; n < BATCH && at < k; n++) {
             uint32_t cnt = (k - at) < per ? (uint32_t)(k - at) : per;
             memset(&msgs[n], 0, sizeof(msgs[n]));
             iov[n].iov_base = (void *)(data + at * seg);
             iov[n].iov_len = (size_t)cnt * seg;
-            msgs[n].msg_hdr.msg_name = (void *)dst;
-            msgs[n].msg_hdr.msg_namelen = sizeof(*dst);
             msgs[n].msg_hdr.msg_iov = &iov[n];
             msgs[n].msg_hdr.msg_iovlen = 1;
-            if (cnt > 1) {
-                struct cmsghdr *c = (struct cmsghdr *)ctl[n].buf;
-                uint16_t gso = (uint16_t)seg;
-                msgs[n].msg_hdr.msg_control = ctl[n].buf;
-                msgs[n].msg_hdr.msg_controllen = sizeof(ctl[n].buf);
-                c->cmsg_level = SOL_UDP;
-                c->cmsg_type = UDP_SEGMENT;
-                c->cmsg_len = CMSG_LEN(sizeof(uint16_t));
-                memcpy(CMSG_DATA(c), &gso, sizeof(gso));
-            }
+            address_msg(&msgs[n], &ctl[n], dst, cnt, (uint16_t)seg);
+            cnts[n] = cnt;
             at += cnt;
-            n++;
         }
-        int r = sendmmsg(fd, msgs, n, MSG_DONTWAIT);
-        if (r < 0) {
-            if (errno == EINTR)
-                continue;
-            if (done || errno == EAGAIN || errno == EWOULDBLOCK)
-                return (int64_t)done;
-            return -(int64_t)errno;
-        }
-        for (int j = 0; j < r; j++)
-            done += iov[j].iov_len / seg;
-        if ((uint32_t)r < n)
-            return (int64_t)done;
+        int64_t s = send_batch(fd, msgs, n, cnts, &done);
+        if (s <= 0)
+            return s < 0 ? s : (int64_t)done;
     }
     return (int64_t)done;
 }
@@ -267,19 +284,15 @@ int64_t fp_send_gather(int fd, const uint8_t *meta, uint32_t bth_len, const uint
                        uint32_t k, uint32_t mtu, uint32_t per, const struct sockaddr_in *dst) {
     struct mmsghdr msgs[BATCH];
     struct iovec iov[GATHER_IOV];
-    union {
-        char buf[CMSG_SPACE(sizeof(uint16_t))];
-        struct cmsghdr align;
-    } ctl[BATCH];
-    uint64_t done = 0;
-    uint16_t gso = (uint16_t)(bth_len + mtu + 4);
+    gso_ctl ctl[BATCH];
+    uint32_t cnts[BATCH];
+    uint64_t done = 0, row = bth_len + 4;
     if (per > GATHER_IOV / 3)
         per = GATHER_IOV / 3;
     while (done < k) {
         uint32_t n = 0, v = 0;
         uint64_t at = done;
-        uint32_t cnts[BATCH];
-        while (n < BATCH && at < k) {
+        for (; n < BATCH && at < k; n++) {
             uint32_t cnt = (k - at) < per ? (uint32_t)(k - at) : per;
             if (v + 3 * cnt > GATHER_IOV)
                 break;
@@ -287,7 +300,7 @@ int64_t fp_send_gather(int fd, const uint8_t *meta, uint32_t bth_len, const uint
             msgs[n].msg_hdr.msg_iov = &iov[v];
             msgs[n].msg_hdr.msg_iovlen = 3 * cnt;
             for (uint32_t i = 0; i < cnt; i++) {
-                const uint8_t *m = meta + (at + i) * (bth_len + 4);
+                const uint8_t *m = meta + (at + i) * row;
                 iov[v].iov_base = (void *)m;
                 iov[v++].iov_len = bth_len;
                 iov[v].iov_base = (void *)(src + (at + i) * mtu);
@@ -295,32 +308,13 @@ int64_t fp_send_gather(int fd, const uint8_t *meta, uint32_t bth_len, const uint
                 iov[v].iov_base = (void *)(m + bth_len);
                 iov[v++].iov_len = 4;
             }
-            msgs[n].msg_hdr.msg_name = (void *)dst;
-            msgs[n].msg_hdr.msg_namelen = sizeof(*dst);
-            if (cnt > 1) {
-                struct cmsghdr *c = (struct cmsghdr *)ctl[n].buf;
-                msgs[n].msg_hdr.msg_control = ctl[n].buf;
-                msgs[n].msg_hdr.msg_controllen = sizeof(ctl[n].buf);
-                c->cmsg_level = SOL_UDP;
-                c->cmsg_type = UDP_SEGMENT;
-                c->cmsg_len = CMSG_LEN(sizeof(uint16_t));
-                memcpy(CMSG_DATA(c), &gso, sizeof(gso));
-            }
-            cnts[n++] = cnt;
+            address_msg(&msgs[n], &ctl[n], dst, cnt, (uint16_t)(row + mtu));
+            cnts[n] = cnt;
             at += cnt;
         }
-        int r = sendmmsg(fd, msgs, n, MSG_DONTWAIT);
-        if (r < 0) {
-            if (errno == EINTR)
-                continue;
-            if (done || errno == EAGAIN || errno == EWOULDBLOCK)
-                return (int64_t)done;
-            return -(int64_t)errno;
-        }
-        for (int j = 0; j < r; j++)
-            done += cnts[j];
-        if ((uint32_t)r < n)
-            return (int64_t)done;
+        int64_t s = send_batch(fd, msgs, n, cnts, &done);
+        if (s <= 0)
+            return s < 0 ? s : (int64_t)done;
     }
     return (int64_t)done;
 }
