@@ -23,7 +23,9 @@ reference) and of ``hw/sequencer`` + ``hw/datapath/router.py``:
   ``peer.buffers[buf] + xchunk*cs*elsize`` (the HDL sequencer hands the router
   ``dst = buf`` = IN and ``xoffset = 0`` for the library's GRANTs).
 * RECV / RECV_REDUCE: wait for the peer's next landed message (in arrival order; it must
-  be ``(coll_id, step)``); RECV_REDUCE then computes ``buf[span] = op(src[span],
+  be ``(coll_id, step)``, and as long as this rank's span: a rank called with another
+  count or element size gets CountMismatchError, not a result from stale memory);
+  RECV_REDUCE then computes ``buf[span] = op(src[span],
   rbuf[xchunk*cs : +len])`` with :func:`reduce_into`, bit-exact with
   :func:`fpgaccl.proto.reduce.reduce_reference` (the HDL reduce unit's definition),
   vectorised over the whole span.
@@ -67,7 +69,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from fpgaccl.errors import TransportError
+from fpgaccl.errors import CountMismatchError, TransportError
 from fpgaccl.proto.isa import Buf, Instr, SeqOp, chunk_size
 from fpgaccl.proto.reduce import BITWISE_OPS, DType, ReduceOp, nan_fixup, reduce_reference
 
@@ -383,7 +385,13 @@ def _execute(engine: Engine, region: CollectiveRegion, remotes: dict[int, Remote
             q = qp.landed
             if not q:
                 yield _Head(q)
-            _take(q, coll_id, ins, rank, "message")
+            got = _take(q, coll_id, ins, rank, "message")
+            if got[2] != (last - first) * isz:
+                raise CountMismatchError(
+                    "sendbuf", f"rank {ins.peer} sent {got[2]} bytes for step {ins.step} "
+                    f"where rank {rank} expects {(last - first) * isz} ({last - first} "
+                    f"x {dtype.name.lower()}): every rank must pass the same count and "
+                    "dtype (and a program's RECV must span what its peer's SEND sends)")
             if o is SeqOp.RECV_REDUCE:
                 n = last - first
                 dst = bufs[ins.buf][first:last]
@@ -401,12 +409,13 @@ def _protect(engine: Engine, dst: np.ndarray) -> None:
     engine.protect(lo, lo + dst.nbytes)
 
 
-def _take(q: deque, coll_id: int, ins: Instr, rank: int, what: str) -> None:
+def _take(q: deque, coll_id: int, ins: Instr, rank: int, what: str) -> tuple:
     got = q.popleft()
-    if got != (coll_id, ins.step & wire.IMM_STEP_MASK):
+    if got[0] != coll_id or got[1] != ins.step & wire.IMM_STEP_MASK:
         raise ProgramError(f"rank {rank} waits for {what} (coll {coll_id}, step {ins.step}) "
                            f"from rank {ins.peer}, but (coll {got[0]}, step {got[1]}) "
                            "arrived first")
+    return got
 
 
 __all__ = ["DEFAULT_STAGE_BYTES", "CollectiveRegion", "ProgramError", "RemoteBuffers",

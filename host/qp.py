@@ -322,7 +322,7 @@ class QueuePair:
         self.arrived: deque[Arrival] = deque()
         # Sequencer events from this peer, in arrival order: (coll_id, step).
         self.grants: deque[tuple[int, int]] = deque()
-        self.landed: deque[tuple[int, int]] = deque()
+        self.landed: deque[tuple[int, int, int]] = deque()  # (coll_id, step, bytes)
         self.local_port = engine.addr[1]  # our UDP source port, part of the ICRC
         self.fastpath = getattr(engine, "fastpath", None)  # the C loops, if the engine has them
         self._ackreq = ctypes.c_uint32()
@@ -745,7 +745,7 @@ class QueuePair:
                 if imm & wire.IMM_GRANT:
                     self.grants.append((imm >> 16, imm & wire.IMM_STEP_MASK))
                 else:
-                    self.landed.append((imm >> 16, imm & wire.IMM_STEP_MASK))
+                    self.landed.append((imm >> 16, imm & wire.IMM_STEP_MASK, self.w_len))
             elif imm >= 0:
                 coll_id, step = wire.unpack_imm(imm)
                 slot = self.w_off // self.slot_bytes

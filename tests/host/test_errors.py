@@ -250,3 +250,29 @@ def test_run_program_checks_the_program_before_anything_runs(comm) -> None:
     from fpgaccl.proto.isa import Buf
     ok = [Instr(SeqOp.COPY, buf=Buf.OUT, src=Buf.IN), Instr(SeqOp.DONE)]
     assert np.array_equal(comm.run_program(ok, np.arange(8, dtype=np.int32)), np.arange(8))
+
+
+def _uneven(comm, counts: list[int], dtypes: list[str]) -> str:
+    x = np.ones(counts[comm.rank], dtypes[comm.rank])
+    try:
+        comm.allreduce(x)
+    except (CountMismatchError, CollectiveTimeoutError) as e:
+        return f"{type(e).__name__}: {e}"
+    return "no error"
+
+
+@pytest.mark.parametrize("counts, dtypes", [
+    ([1000, 1004], ["float32", "float32"]),      # small: recursive doubling
+    ([300_000, 300_016], ["int32", "int32"]),    # large: ring
+    ([1000, 1000], ["float32", "float64"]),      # another element size
+])
+def test_ranks_that_disagree_on_the_count_get_an_error_not_a_result(counts, dtypes) -> None:
+    # The message a peer sends is not the span this rank reduces: the receiving rank
+    # raises CountMismatchError naming the cause; none returns a result.
+    res = run_world(2, _uneven, counts=counts, dtypes=dtypes, timeout=60,
+                    comm_kw={"deadline_s": 5}, _close=False)
+    got = [v for s, v in res.values() if s == "ok"]
+    assert len(got) == 2, res
+    assert all(g != "no error" for g in got), got
+    assert any(g.startswith("CountMismatchError") and "same count and dtype" in g
+               for g in got), got
