@@ -272,7 +272,8 @@ class Communicator:
 
     def _program(self, name: str, program: Sequence[Instr], *, m: int, blocks: int,
                  dt: np.dtype, op: str | None, get_in: Any, put_out: Any, result: Any,
-                 keep: list[UserBuffer], async_op: bool, out: np.ndarray | None = None) -> Any:
+                 keep: list[UserBuffer], async_op: bool, out: np.ndarray | None = None,
+                 check_lengths: bool = True) -> Any:
         """Run ``program`` over ``blocks`` blocks of ``m`` elements, in as many segments
         (program runs, one coll_id each) as the collective region needs.
 
@@ -293,7 +294,8 @@ class Communicator:
                 direct = None if out is None else out[lo:hi]
                 yield from execute(engine, region, remotes, program, rank=rank,
                                    coll_id=c0 + 1 + k, count=cnt, dtype=dtype, op=rop,
-                                   inbuf=get_in(lo, hi), outbuf=direct)
+                                   inbuf=get_in(lo, hi), outbuf=direct,
+                                   check_lengths=check_lengths)
                 if direct is None:
                     put_out(region.view(Buf.OUT, dt, cnt), lo, hi)
 
@@ -666,17 +668,22 @@ class Communicator:
         except (TypeError, ValueError) as e:
             raise InvalidArgumentError("program", str(e)) from None
         nch = setup_chunks(program)
-        if nch * -(-sa.size // nch) * sa.itemsize > self.stage_bytes:
-            raise CountMismatchError("sendbuf", f"{sa.nbytes} bytes do not fit the "
-                                     f"{self.stage_bytes}-byte collective region")
+        most = self.stage_bytes // sa.itemsize - (nch - 1)  # _segments' one segment
+        if sa.size > most:
+            raise CountMismatchError("sendbuf", f"{sa.size} elements do not fit the "
+                                     f"{self.stage_bytes}-byte collective region in one "
+                                     f"piece: at most {max(most, 0)} of {sa.dtype} with "
+                                     f"{nch} chunks")
         out = np.empty_like(sa)
 
         def put_out(res: np.ndarray, lo: int, hi: int) -> None:
             out[lo:hi] = res
 
+        # A RECV's span is the program's own business here (the HDL reads only its tag):
+        # message lengths are checked for the library's collectives alone.
         return self._program("program", program, m=sa.size, blocks=1, dt=sa.dtype, op=op,
                              get_in=lambda lo, hi: sa[lo:hi], put_out=put_out, result=out,
-                             keep=[s], async_op=async_op)
+                             keep=[s], async_op=async_op, check_lengths=False)
 
     def barrier(self, *, async_op: bool = False) -> Any:
         self._check_open()

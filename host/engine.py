@@ -461,7 +461,7 @@ class Engine:
     def protect_all(self) -> None:
         """The borrowed memory goes back to its owner (a program ends): every message
         that may still read it takes its own copy."""
-        for msg in self.borrowed.values():
+        for msg in list(self.borrowed.values()):
             msg.own()
             self.stats["borrow_copies"] += 1
         self.borrowed.clear()
@@ -477,6 +477,11 @@ class Engine:
     def qp_failed(self, qp: QueuePair, error: BaseException) -> None:
         self._qp_error = self._qp_error or error  # jobs not yet started fail with it too
         for job in self._jobs:
+            # Closed here, on the engine thread: a program's clean-up (its borrowed SENDs
+            # taking their own copies) must run before the caller has its buffers back,
+            # not whenever and wherever the generator is collected.
+            with contextlib.suppress(Exception):
+                job.program.close()
             job.finish(error)
         self._jobs.clear()
         self.failed = error
@@ -790,6 +795,8 @@ class Engine:
                 job.finish(e)
                 self.failed = e
                 for other in self._jobs:
+                    with contextlib.suppress(Exception):
+                        other.program.close()  # its clean-up, on this thread (qp_failed)
                     other.finish(TransportError(f"aborted after {job.name} failed: {e}"))
                 self._jobs.clear()
                 continue

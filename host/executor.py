@@ -23,9 +23,9 @@ reference) and of ``hw/sequencer`` + ``hw/datapath/router.py``:
   ``peer.buffers[buf] + xchunk*cs*elsize`` (the HDL sequencer hands the router
   ``dst = buf`` = IN and ``xoffset = 0`` for the library's GRANTs).
 * RECV / RECV_REDUCE: wait for the peer's next landed message (in arrival order; it must
-  be ``(coll_id, step)``, and as long as this rank's span: a rank called with another
-  count or element size gets CountMismatchError, not a result from stale memory);
-  RECV_REDUCE then computes ``buf[span] = op(src[span],
+  be ``(coll_id, step)``; for the library's collectives also as long as this rank's
+  span, so a rank called with another count or element size gets CountMismatchError,
+  not a result from stale memory); RECV_REDUCE then computes ``buf[span] = op(src[span],
   rbuf[xchunk*cs : +len])`` with :func:`reduce_into`, bit-exact with
   :func:`fpgaccl.proto.reduce.reduce_reference` (the HDL reduce unit's definition),
   vectorised over the whole span.
@@ -281,19 +281,24 @@ def _facts(program: Sequence[Instr]) -> tuple[Sequence[Instr], int, bool]:
 
 def execute(engine: Engine, region: CollectiveRegion, remotes: dict[int, RemoteBuffers],
             program: Sequence[Instr], *, rank: int, coll_id: int, count: int, dtype: DType,
-            op: ReduceOp, inbuf: np.ndarray,
-            outbuf: np.ndarray | None = None) -> Generator[Any, None, None]:
+            op: ReduceOp, inbuf: np.ndarray, outbuf: np.ndarray | None = None,
+            check_lengths: bool = False) -> Generator[Any, None, None]:
     """Run ``program`` on this rank (a generator for :meth:`Engine.submit`).
 
     ``inbuf``: at least ``count`` elements of the user's input (IN); ``outbuf``: the
     user's ``count`` result elements to serve as OUT (bound over the region's OUT while
     the program runs: peers' WRITEs to OUT land in it), or None for the region's OUT.
     TMP/TMP2 are the region's. Yields waitables while a grant or message is outstanding.
+    ``check_lengths``: every landed message must be as long as the span of the RECV or
+    RECV_REDUCE that takes it, else CountMismatchError (the ISA itself, like the HDL,
+    reads only the tag of a RECV: the library's programs keep their spans exact, so for
+    them a different length means a rank called with another count or element size).
     """
     region.bind_out(outbuf)
     try:
         yield from _execute(engine, region, remotes, program, rank=rank, coll_id=coll_id,
-                            count=count, dtype=dtype, op=op, inbuf=inbuf, outbuf=outbuf)
+                            count=count, dtype=dtype, op=op, inbuf=inbuf, outbuf=outbuf,
+                            check_lengths=check_lengths)
     finally:
         # Every WRITE to OUT was RECVed before DONE, so none can still be landing.
         region.bind_out(None)
@@ -304,8 +309,8 @@ def execute(engine: Engine, region: CollectiveRegion, remotes: dict[int, RemoteB
 
 def _execute(engine: Engine, region: CollectiveRegion, remotes: dict[int, RemoteBuffers],
              program: Sequence[Instr], *, rank: int, coll_id: int, count: int, dtype: DType,
-             op: ReduceOp, inbuf: np.ndarray,
-             outbuf: np.ndarray | None) -> Generator[Any, None, None]:
+             op: ReduceOp, inbuf: np.ndarray, outbuf: np.ndarray | None,
+             check_lengths: bool) -> Generator[Any, None, None]:
     nt = dtype.numpy_dtype()
     isz = nt.itemsize
     coll_id &= 0xFFFF
@@ -386,12 +391,12 @@ def _execute(engine: Engine, region: CollectiveRegion, remotes: dict[int, Remote
             if not q:
                 yield _Head(q)
             got = _take(q, coll_id, ins, rank, "message")
-            if got[2] != (last - first) * isz:
+            if check_lengths and got[2] != (last - first) * isz:
                 raise CountMismatchError(
                     "sendbuf", f"rank {ins.peer} sent {got[2]} bytes for step {ins.step} "
                     f"where rank {rank} expects {(last - first) * isz} ({last - first} "
                     f"x {dtype.name.lower()}): every rank must pass the same count and "
-                    "dtype (and a program's RECV must span what its peer's SEND sends)")
+                    "dtype")
             if o is SeqOp.RECV_REDUCE:
                 n = last - first
                 dst = bufs[ins.buf][first:last]

@@ -321,10 +321,12 @@ class SimCommunicator(Communicator):
     # ------------------------------------------------------------------ the backend
     def _program(self, name: str, program: list[Instr], *, m: int, blocks: int,
                  dt: np.dtype, op: str | None, get_in: Any, put_out: Any, result: Any,
-                 keep: list[UserBuffer], async_op: bool, out: np.ndarray | None = None) -> Any:
+                 keep: list[UserBuffer], async_op: bool, out: np.ndarray | None = None,
+                 check_lengths: bool = True) -> Any:
         """The software backend's segmenting (same seg/coll_id arithmetic), each segment
         run by the simulated engines. ``out`` is not bound here: the node's memory is the
-        simulator's, so every segment's OUT is read back and ``put_out`` stores it."""
+        simulator's, so every segment's OUT is read back and ``put_out`` stores it.
+        ``check_lengths`` has no effect: the server compares the ranks' calls instead."""
         dtype = DType.from_numpy(dt)
         rop = ReduceOp.from_name(op) if op else ReduceOp.SUM
         words = len(assemble(program))

@@ -125,9 +125,10 @@ def checked_program(program: object, rank: int, world_size: int) -> list[Instr]:
     :class:`SeqOp`/:class:`Buf` members, up to its DONE; ValueError naming the first
     instruction that cannot run: not an :class:`Instr`, a field that does not fit its
     width or names no op or buffer, a peer outside the world or the rank itself, a tag
-    beyond :data:`MAX_STEP`, a SETUP of zero chunks, chunks beyond the last SETUP's, or
-    no DONE at all. The engines would fail such a program only when they reach it,
-    part-way through a collective the other ranks are already running."""
+    beyond :data:`MAX_STEP`, a SETUP of zero chunks, local or remote (``xchunk``) chunks
+    beyond the last SETUP's, or no DONE at all. The engines would fail such a program
+    only when they reach it, part-way through a collective the other ranks are already
+    running."""
     nchunks = 1
     out: list[Instr] = []
     for pc, ins in enumerate(program):  # type: ignore[call-overload]
@@ -160,6 +161,9 @@ def checked_program(program: object, rank: int, world_size: int) -> list[Instr]:
                 ins.chunk + ins.count > nchunks:
             raise ValueError(f"{where}: chunks [{ins.chunk}, {ins.chunk + ins.count}) are "
                              f"beyond the {nchunks} of the last SETUP")
+        if o in (SeqOp.SEND, SeqOp.RECV_REDUCE) and ins.xchunk + ins.count > nchunks:
+            raise ValueError(f"{where}: chunks [{ins.xchunk}, {ins.xchunk + ins.count}) of "
+                             f"{ins.rbuf.name} are beyond the {nchunks} of the last SETUP")
     raise ValueError("the program has no DONE")
 
 

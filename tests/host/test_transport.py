@@ -602,3 +602,33 @@ def test_engine_that_cannot_start_fails_its_jobs_at_once(monkeypatch) -> None:
         assert isinstance(job.error, OSError) and eng.failed is job.error
     finally:
         eng.stop()
+
+
+def test_a_failed_queue_pair_closes_running_programs_on_the_engine_thread() -> None:
+    # A NAK fails every job at once; each running program's clean-up (in a collective:
+    # its borrowed SENDs taking their own copies) runs right there, before its caller
+    # is woken, instead of whenever the generator is collected, on whatever thread.
+    from collections import deque
+
+    from fpgaccl.host.executor import _Head
+    cleaned: list[tuple[int, bool]] = []
+
+    def program(job_box: list):
+        try:
+            yield _Head(deque())  # waits for a message that never comes
+        finally:
+            cleaned.append((threading.get_ident(), job_box[0].event.is_set()))
+
+    eng = Engine(0, "127.77.9.2")
+    try:
+        box: list = []
+        job = eng.submit("allreduce", program(box), deadline_s=60.0)
+        box.append(job)
+        eng._sequence(time.monotonic())  # started: now waiting at its yield
+        assert not cleaned
+        err = RemoteAccessError("peer 1 NAKed PSN 5: REMOTE_ACCESS_ERROR")
+        eng.qp_failed(eng.create_qp(1), err)
+        assert cleaned == [(threading.get_ident(), False)]  # this thread, before finish
+        assert job.event.is_set() and job.error is err
+    finally:
+        eng.stop()

@@ -69,6 +69,8 @@ def test_library_programs_pass_the_static_check():
     ([Instr(SeqOp.SETUP, step=2), Instr(SeqOp.COPY, chunk=1, count=2), Instr(SeqOp.DONE)],
      "beyond the 2 of the last SETUP"),
     ([Instr(SeqOp.SEND, peer=1, chunk=256), Instr(SeqOp.DONE)], "does not fit 8 bits"),
+    ([Instr(SeqOp.SETUP, step=2), Instr(SeqOp.RECV_REDUCE, peer=1, rbuf=Buf.TMP, xchunk=2),
+      Instr(SeqOp.DONE)], "chunks \\[2, 3\\) of TMP are beyond"),
     ([Instr(SeqOp.SEND, peer=1)], "no DONE"),
     ([Instr(SeqOp.NOP), "SEND"], "instruction 1 is a str"),
 ])
