@@ -183,4 +183,3 @@ def test_deadlock_is_reported():
     prog = [P.Instr(SeqOp.SETUP, step=1), P.Instr(SeqOp.RECV, peer=1, step=0), P.DONE]
     with pytest.raises(ProgramError, match="deadlock"):
         _run([prog, prog], _inputs(2, 4))
-
