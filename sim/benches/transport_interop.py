@@ -42,6 +42,7 @@ class StubEngine:
         self.mrs: dict[int, MemoryRegion] = {}
         self.arrivals_dirty = False
         self.failed: BaseException | None = None
+        self.borrowed: dict = {}  # no borrowed SENDs here: every message owns its bytes
         self.outbox: list[bytes] = []
         # The socket address a real engine is bound to: its port enters the ICRC.
         self.addr = (SW_IP, ROCEV2_UDP_PORT)
