@@ -253,14 +253,18 @@ class Communicator:
         handle = Handle(job, result, keep, self.rank)
         return handle if async_op else handle.wait()
 
+    def _segment_elements(self, nchunks: int, dt: np.dtype) -> int:
+        """Elements of ``dt`` one program run holds with ``nchunks`` chunks: the region,
+        less the rounding up of the chunks' size (``nchunks * ceil(n / nchunks)`` must fit)."""
+        return self.stage_bytes // dt.itemsize - (nchunks - 1)
+
     def _segments(self, program: Sequence[Instr], *, m: int, blocks: int,
                   dt: np.dtype) -> tuple[int, int, int]:
         """Elements per segment, segment count and the first coll_id of a program run
         over ``blocks`` blocks of ``m`` elements. Every backend cuts and numbers
         segments here, so engines of different backends agree on the wire."""
         nch = setup_chunks(program)
-        cap = self.stage_bytes // dt.itemsize
-        seg = (cap - (nch - 1)) // blocks
+        seg = self._segment_elements(nch, dt) // blocks
         if seg < 1:
             raise InvalidArgumentError("stage_bytes", f"{self.stage_bytes} bytes cannot hold "
                                        f"{nch} chunks of {dt}")
@@ -668,7 +672,7 @@ class Communicator:
         except (TypeError, ValueError) as e:
             raise InvalidArgumentError("program", str(e)) from None
         nch = setup_chunks(program)
-        most = self.stage_bytes // sa.itemsize - (nch - 1)  # _segments' one segment
+        most = self._segment_elements(nch, sa.dtype)
         if sa.size > most:
             raise CountMismatchError("sendbuf", f"{sa.size} elements do not fit the "
                                      f"{self.stage_bytes}-byte collective region in one "

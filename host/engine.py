@@ -217,10 +217,13 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._ips: dict[str, int] = {}
         self.row_pool = RowPool()
-        # Sequencer SENDs whose payload is read where it lies until the peer ACKs it
-        # (Message.borrowed): possible where the C send path gathers datagrams.
-        self.zero_copy = self._native_tx
         self.borrowed: dict[int, Message] = {}  # by id()
+
+    @property
+    def zero_copy(self) -> bool:
+        """Whether sequencer SENDs may read their payload where it lies until the peer
+        ACKs it (Message.borrowed): where the C send path gathers datagrams."""
+        return self._native_tx
 
     # ------------------------------------------------------------------ set-up
     def create_qp(self, peer: int) -> QueuePair:
@@ -498,13 +501,12 @@ class Engine:
                     qps = list(self.by_peer.values())
                 busy = self._receive()
                 now = time.monotonic()
-                # The per-QP checks are inlined guards: this loop runs hundreds of times a
+                # Guards before the per-QP calls: this loop runs hundreds of times a
                 # collective, and most turns find nothing for most QPs.
                 for qp in qps:
                     if qp.ack_pending or qp.ack_due:
                         qp.flush_ack(now)
-                    if (qp.cur is not None or qp.credits or qp.direct or (
-                            qp.pending and qp.free_slots)) and qp.pump(now):
+                    if qp.has_work() and qp.pump(now):
                         busy = True
                     if qp.outstanding:
                         qp.check_timer(now, self.rto_s)

@@ -93,6 +93,18 @@ static inline void store_le32(uint8_t *p, uint32_t v) {
     p[0] = v; p[1] = v >> 8; p[2] = v >> 16; p[3] = v >> 24;
 }
 
+/* The PSN word of packet i of a run from psn0: its PSN, and the AckReq bit when it is the
+ * `half`-th packet since the last one that asked (*since counts them across runs). */
+static inline uint32_t psn_word(uint32_t psn0, uint32_t i, uint32_t psn_mask,
+                                uint32_t ackreq_bit, uint32_t *since, uint32_t half) {
+    uint32_t w2 = (psn0 + i) & psn_mask;
+    if (++*since >= half) {
+        w2 |= ackreq_bit;
+        *since = 0;
+    }
+    return w2;
+}
+
 /* Seal k rows of seg bytes (BTH | payload | ICRC) as consecutive WRITE MIDDLE packets:
  * the first 8 BTH bytes are `head8`, the PSN word of row i is (psn0 + i) & psn_mask with
  * `ackreq_bit` on every row whose count since the last AckReq (`since` before row 0)
@@ -104,13 +116,8 @@ uint32_t fp_seal_rows(uint8_t *rows, uint32_t k, uint32_t seg, const uint8_t *he
                       uint32_t half, uint32_t state, crc_fn crc) {
     for (uint32_t i = 0; i < k; i++) {
         uint8_t *row = rows + (uint64_t)i * seg;
-        uint32_t w2 = (psn0 + i) & psn_mask;
-        if (++since >= half) {
-            w2 |= ackreq_bit;
-            since = 0;
-        }
         memcpy(row, head8, 8);
-        store_be32(row + 8, w2);
+        store_be32(row + 8, psn_word(psn0, i, psn_mask, ackreq_bit, &since, half));
         store_le32(row + seg - 4, crc(state, row + 8, seg - 12));
     }
     return since;
@@ -127,14 +134,10 @@ uint32_t fp_seal_meta(uint8_t *meta, uint32_t bth_len, const uint8_t *src, uint3
                       crc_fn crc) {
     for (uint32_t i = 0; i < k; i++) {
         uint8_t *m = meta + (uint64_t)i * (bth_len + 4);
-        uint32_t w2 = (psn0 + i) & psn_mask;
-        if (++since >= half) {
-            w2 |= ackreq_bit;
-            since = 0;
-        }
         memcpy(m, head8, 8);
-        store_be32(m + 8, w2);
-        store_le32(m + bth_len, crc(crc(state, m + 8, bth_len - 8), src + (uint64_t)i * mtu, mtu));
+        store_be32(m + 8, psn_word(psn0, i, psn_mask, ackreq_bit, &since, half));
+        uint32_t c = crc(state, m + 8, bth_len - 8);
+        store_le32(m + bth_len, crc(c, src + (uint64_t)i * mtu, mtu));
     }
     return since;
 }
