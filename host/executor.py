@@ -206,17 +206,30 @@ _scratch = threading.local()
 
 def _reduce_blocks(dtype: DType, ufunc: np.ufunc, a: np.ndarray, b: np.ndarray,
                    out: np.ndarray) -> None:
-    """Float sum/prod of long vectors a cache-sized block at a time: each block is
-    computed into a scratch block, checked for NaN there while it is still in cache, and
-    copied to ``out`` (which may alias ``a`` or ``b``, so the inputs of a block with a
-    NaN are still intact for the reference's NaN rule). Three passes over memory instead
-    of the six that checking ``a``, ``b`` and ``out`` whole takes."""
+    """Float sum/prod of long vectors a cache-sized block at a time, each block checked
+    for NaN while it is still in cache: three passes over memory instead of the six that
+    checking ``a``, ``b`` and ``out`` whole takes.
+
+    Where ``out`` overlaps neither input (the ring's RECV_REDUCE: OUT = op(IN, TMP)) a
+    block goes straight into ``out``, and one with a NaN is redone from the intact
+    inputs. Otherwise it is computed into a scratch block and copied to ``out``, so the
+    inputs of a block with a NaN are still there for the reference's NaN rule: one
+    more pass (a 4 MiB float32 sum took 0.85 ms this way, 0.59 ms straight)."""
     step = _BLOCK_BYTES // out.itemsize
+    minimum, isnan = np.minimum.reduce, np.isnan
+    if not (np.may_share_memory(out, a) or np.may_share_memory(out, b)):
+        with np.errstate(all="ignore"):
+            for lo in range(0, out.size, step):
+                hi = min(lo + step, out.size)
+                r = out[lo:hi]
+                ufunc(a[lo:hi], b[lo:hi], out=r)
+                if isnan(minimum(r, axis=None)):
+                    r[...] = nan_fixup(dtype, a[lo:hi], b[lo:hi], r.copy())
+        return
     tmp = getattr(_scratch, out.dtype.str, None)
     if tmp is None:
         tmp = np.empty(step, out.dtype)
         setattr(_scratch, out.dtype.str, tmp)
-    minimum, isnan = np.minimum.reduce, np.isnan
     with np.errstate(all="ignore"):
         for lo in range(0, out.size, step):
             hi = min(lo + step, out.size)

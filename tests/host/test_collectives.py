@@ -58,7 +58,8 @@ def test_reduce_into_is_the_reference_bit_for_bit(nt: str, opname: str) -> None:
 
 @pytest.mark.parametrize("nt", ["float16", "float32", "float64"])
 @pytest.mark.parametrize("opname", ["SUM", "PROD"])
-def test_long_reductions_go_block_by_block_bit_for_bit(nt: str, opname: str) -> None:
+def test_long_reductions_go_block_by_block_bit_for_bit(nt: str, opname: str,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     # Vectors longer than the executor's cache block, cut mid-block: every element of
     # every block, with ``out`` aliasing either input, equals the reference, NaN-free
     # blocks and blocks with a NaN (an input NaN, or inf - inf / 0 * inf made inside
@@ -83,11 +84,24 @@ def test_long_reductions_go_block_by_block_bit_for_bit(nt: str, opname: str) -> 
     want = reduce_reference(dtype, op, a, b)
     clean = slice(step + 1, 2 * step)  # a block with no NaN in or out
     assert not np.isnan(want[clean]).any() and np.isnan(want[step - 1])
+    real_fixup = executor.nan_fixup
     for alias in ("none", "a", "b"):
         x, y = a.copy(), b.copy()
         out = np.empty_like(x) if alias == "none" else x if alias == "a" else y
+        seen = []
+
+        def fixup(d, p, q, r, seen=seen, alias=alias):
+            # The rule must see the block's own inputs, whichever path wrote ``out``.
+            lo = len(seen) * step  # blocks 0, 1 and 2 have a NaN, in that order
+            seen.append(lo)
+            assert p.tobytes() == a[lo:lo + step].tobytes(), (nt, alias, lo)
+            assert q.tobytes() == b[lo:lo + step].tobytes(), (nt, alias, lo)
+            return real_fixup(d, p, q, r)
+
+        monkeypatch.setattr(executor, "nan_fixup", fixup)
         executor.reduce_into(dtype, op, x, y, out)
         assert out.view(np.uint8).tobytes() == want.view(np.uint8).tobytes(), (nt, alias)
+        assert seen == [0, step, 2 * step], (nt, alias, seen)
 
 
 def test_cached_library_programs_keep_their_facts() -> None:
