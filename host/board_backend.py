@@ -33,9 +33,9 @@ from typing import Any
 
 import numpy as np
 
-from fpgaccl.errors import InvalidArgumentError, UnsupportedError
+from fpgaccl.errors import BackendUnavailableError, InvalidArgumentError, UnsupportedError
 from fpgaccl.proto.queues import Opcode, Space, node_addr, work_imm
-from fpgaccl.proto.regmap import default_map
+from fpgaccl.proto.regmap import ENGINE_ID, REGMAP_VERSION, default_map
 
 from .board_device import SimDevice
 from .communicator import check_world
@@ -50,6 +50,37 @@ DATA_BASE = 0x1000_0000
 """Pinned host memory of IN, OUT, TMP, TMP2 (``memory="host"``)."""
 BOARD_STAGE_BYTES = 64 * 1024
 """Each of the four buffers; the segment size."""
+
+
+def probe(dev: Any) -> dict[str, int]:
+    """What the engine says it is, read from its registers as a driver does before it
+    trusts any other address: ``ctrl.id``, ``ctrl.version`` and the build parameters in
+    ``ctrl.config`` (qps, regions, imem_words, width in bits, mtu). An engine of another
+    register-map version, or one that is not the build the device advertises (its
+    ``info``), is refused here rather than programmed through the wrong map."""
+    rmap = default_map()   # the ctrl block's addresses are the same in every build
+    at = rmap.address
+    node = getattr(dev, "node", "?")
+    ident = dev.csr_read(at("ctrl.id"))
+    if ident != ENGINE_ID:
+        raise BackendUnavailableError(f"engine {node}: ctrl.id reads {ident:#010x}, not "
+                                      f"{ENGINE_ID:#010x} ('FCCL'): no fpgaccl engine there")
+    version = dev.csr_read(at("ctrl.version"))
+    if version != REGMAP_VERSION:
+        raise BackendUnavailableError(
+            f"engine {node}: its register map is version {version}, this runtime drives "
+            f"version {REGMAP_VERSION}: build the bitstream from this fpgaccl")
+    c = rmap["ctrl"]["config"].decode(dev.csr_read(at("ctrl.config")))
+    got = {"qps": c["qps"], "regions": c["regions"], "imem_words": 1 << c["imem_log2"],
+           "width": 8 << c["beat_log2"], "mtu": 1 << c["mtu_log2"]}
+    info = getattr(dev, "info", {})
+    wrong = {k: (v, info[k]) for k, v in got.items() if k in info and int(info[k]) != v}
+    if wrong:
+        raise BackendUnavailableError(
+            f"engine {node}: ctrl.config says " + ", ".join(
+                f"{k}={v}" for k, (v, _) in wrong.items()) + "; the device advertises " +
+            ", ".join(f"{k}={i}" for k, (_, i) in wrong.items()))
+    return got
 
 
 class BoardCommunicator(SimCommunicator):
@@ -70,50 +101,62 @@ class BoardCommunicator(SimCommunicator):
             raise InvalidArgumentError("stage_bytes", f"{stage_bytes} is not a positive "
                                        "multiple of 4096")
         dev = device if device is not None else SimDevice.from_env(rank)
-        nodes = int(dev.info["nodes"])
-        if world_size > nodes:
-            raise UnsupportedError("world_size", f"{world_size} ranks; the board has {nodes} "
-                                   "engines")
-        self._init_state(rank, world_size, "board", deadline_s)
-        self.dev = dev
-        self.memory = memory
-        info = dev.info
-        self.nodes = nodes
-        self.clock_mhz = 1000 / info.get("clock_ns", 4)
-        self.imem_words = int(info["imem_words"])
-        self.rmap = default_map(qps=int(info["qps"]), regions=int(info["regions"]),
-                                imem_words=self.imem_words, gpu_pages=int(info["gpu_pages"]))
-        self.stage_bytes = stage_bytes
-        self.region = _Region(stage_bytes)
-        span = stage_bytes + 4096        # room for the programs' chunk padding
-        if memory == "gpu":
-            base = dev.gpu_alloc(4 * span)
-            self._space = Space.GPU
-        else:
-            base = DATA_BASE
-            self._space = Space.HOST
-        self._local = [base + i * span for i in range(4)]
-        self.buffers = [node_addr(self._space, a) for a in self._local]
-        self.driver = QueueDriver(dev, self.rmap, ring_base=RING_BASE)
-        self.driver.setup(host_windows=[(RING_BASE, 0x2_0000, True, True)] + (
-            [(DATA_BASE, 4 * span, True, True)] if memory == "host" else []))
-        if memory == "gpu":
-            self.driver.register_gpu(base, 4 * span)
+        try:
+            nodes = int(dev.info["nodes"])
+            if world_size > nodes:
+                raise UnsupportedError("world_size", f"{world_size} ranks; the board has {nodes} "
+                                       "engines")
+            self._init_state(rank, world_size, "board", deadline_s)
+            self.dev = dev
+            self.memory = memory
+            info = dev.info
+            self.nodes = nodes
+            self.clock_mhz = 1000 / info.get("clock_ns", 4)
+            self.config = probe(dev)
+            self.imem_words = self.config["imem_words"]
+            self.rmap = default_map(qps=self.config["qps"], regions=self.config["regions"],
+                                    imem_words=self.imem_words, gpu_pages=int(info["gpu_pages"]))
+            self.stage_bytes = stage_bytes
+            self.region = _Region(stage_bytes)
+            span = stage_bytes + 4096        # room for the programs' chunk padding
+            if memory == "gpu":
+                base = dev.gpu_alloc(4 * span)
+                self._space = Space.GPU
+            else:
+                base = DATA_BASE
+                self._space = Space.HOST
+            self._local = [base + i * span for i in range(4)]
+            self.buffers = [node_addr(self._space, a) for a in self._local]
+            self.driver = QueueDriver(dev, self.rmap, ring_base=RING_BASE)
+            self.driver.setup(host_windows=[(RING_BASE, 0x2_0000, True, True)] + (
+                [(DATA_BASE, 4 * span, True, True)] if memory == "host" else []))
+            if memory == "gpu":
+                self.driver.register_gpu(base, 4 * span)
 
-        rng = np.random.default_rng()
-        key = int(rng.integers(1, 1 << 32))
-        psns = {str(p): int(rng.integers(0, 1 << 24)) for p in range(world_size)}
-        me = {"mac": int(info["mac"]), "ip": int(info["ip"]), "key": key,
-              "buffers": self.buffers, "psn": psns}
-        master_addr = master_addr or os.environ.get("MASTER_ADDR", "127.0.0.1")
-        master_port = int(master_port or os.environ.get("MASTER_PORT", 29500))
-        table = exchange(rank, world_size, (socket.gethostbyname(master_addr), master_port),
-                         me, rendezvous_timeout_s)
-        peers = [Peer(t["mac"], t["ip"], t["key"], t["buffers"]) for t in table]
-        mtu_log2 = int(info["mtu"]).bit_length() - 1
-        dev.csr_write(connect_writes(
-            self.rmap, rank, peers, psn=lambda a, b: table[a]["psn"][str(b)],
-            mem_base=self.buffers[0], mem_len=4 * span, mtu_log2=mtu_log2))
+            rng = np.random.default_rng()
+            key = int(rng.integers(1, 1 << 32))
+            psns = {str(p): int(rng.integers(0, 1 << 24)) for p in range(world_size)}
+            me = {"mac": int(info["mac"]), "ip": int(info["ip"]), "key": key,
+                  "buffers": self.buffers, "psn": psns, "mtu": self.config["mtu"]}
+            master_addr = master_addr or os.environ.get("MASTER_ADDR", "127.0.0.1")
+            master_port = int(master_port or os.environ.get("MASTER_PORT", 29500))
+            table = exchange(rank, world_size, (socket.gethostbyname(master_addr), master_port),
+                             me, rendezvous_timeout_s)
+            peers = [Peer(t["mac"], t["ip"], t["key"], t["buffers"]) for t in table]
+            # An engine drops a packet longer than its own MTU (drops.oversize): a world of
+            # mixed builds would only ever time out, so it is refused at the start instead.
+            mtus = [int(t["mtu"]) for t in table]
+            if len(set(mtus)) > 1:
+                raise BackendUnavailableError(f"the ranks' engines were built for different "
+                                              f"MTUs ({mtus}, by rank): every engine of a "
+                                              "world must carry the same packets")
+            dev.csr_write(connect_writes(
+                self.rmap, rank, peers, psn=lambda a, b: table[a]["psn"][str(b)],
+                mem_base=self.buffers[0], mem_len=4 * span))
+        except BaseException:
+            if device is None:
+                dev.close()   # ours to close; a device the caller passed stays theirs
+            raise
 
     # The sim backend ships each segment to its server; here the runtime runs it itself.
     def _call(self, header: dict, payload: bytes, name: str, timeout: float

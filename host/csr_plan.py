@@ -36,7 +36,7 @@ def _w(rmap: RegisterMap, path: str, value: int | None = None, index: int = 0,
 
 
 def connect_writes(rmap: RegisterMap, rank: int, peers: Sequence[Peer], *,
-                   psn: callable, mem_base: int, mem_len: int, mtu_log2: int) -> Writes:
+                   psn: callable, mem_base: int, mem_len: int) -> Writes:
     """One-time set-up: own addresses, a memory region, and a QP in RTS per peer.
     ``psn(a, b)`` is the initial PSN of traffic from rank a to rank b (both ends must
     agree: it is exchanged at rendezvous)."""
@@ -69,7 +69,7 @@ def connect_writes(rmap: RegisterMap, rank: int, peers: Sequence[Peer], *,
             out += [_w(rmap, f"peer.{b}_lo", peer.buffers[i] & 0xFFFFFFFF, index=p),
                     _w(rmap, f"peer.{b}_hi", peer.buffers[i] >> 32, index=p),
                     _w(rmap, f"peer.{b}_key", peer.key, index=p)]
-    out.append(_w(rmap, "ctrl.control", enable=1, mtu_log2=mtu_log2))
+    out.append(_w(rmap, "ctrl.control", enable=1))
     return out
 
 

@@ -169,7 +169,7 @@ class Node(wiring.Component):
                 features_word(dma=self.dma, dtypes=self.dtypes, ops=self.ops)),
             bank.ctrl_sts.config.as_value().eq(
                 config_word(qps=self.qps, regions=self.regions, imem_words=self.imem_words,
-                            width=self.width)),
+                            width=self.width, mtu=self.mtu)),
             self.done.eq(seq.done), self.busy.eq(seq.busy),
         ]
         for i, b in enumerate(BUFS):

@@ -18,7 +18,9 @@ from .reduce import DType, ReduceOp
 
 REG_BYTES = 4
 ENGINE_ID = 0x4643_434C  # "FCCL"
-REGMAP_VERSION = 2  # 2: ctrl.features, ctrl.config, status.cause/datapath
+REGMAP_VERSION = 3
+"""2: ctrl.features, ctrl.config, status.cause/datapath. 3: the build's MTU is
+``ctrl.config.mtu_log2``; ``ctrl.control.mtu_log2``, which no logic read, is gone."""
 
 
 class Access(Enum):
@@ -173,13 +175,15 @@ def features_word(*, dma: bool, dtypes, ops) -> int:
                                  ops=sum(1 << int(o) for o in set(ops)))
 
 
-def config_word(*, qps: int, regions: int, imem_words: int, width: int) -> int:
+def config_word(*, qps: int, regions: int, imem_words: int, width: int, mtu: int) -> int:
     """``ctrl.config`` of a build with these parameters."""
-    if imem_words & (imem_words - 1) or width % 8 or (width // 8) & (width // 8 - 1):
-        raise ValueError("imem_words and the beat's bytes must be powers of two")
+    if imem_words & (imem_words - 1) or width % 8 or (width // 8) & (width // 8 - 1) \
+            or mtu & (mtu - 1):
+        raise ValueError("imem_words, the beat's bytes and the MTU must be powers of two")
     return _CTRL_CONFIG.encode(qps=qps, regions=regions,
                                imem_log2=imem_words.bit_length() - 1,
-                               beat_log2=(width // 8).bit_length() - 1)
+                               beat_log2=(width // 8).bit_length() - 1,
+                               mtu_log2=mtu.bit_length() - 1)
 
 
 def _full_map(qps: int, regions: int, imem_words: int, dma_host_windows: int,
@@ -192,8 +196,6 @@ def _full_map(qps: int, regions: int, imem_words: int, dma_host_windows: int,
             Register("version", 0x04, RO, "register-map version", reset=REGMAP_VERSION),
             Register("control", 0x08, RW, "engine control", (
                 RegField("enable", 1, "accept traffic and run programs"),
-                RegField("mtu_log2", 4, "reserved: no logic reads it; the MTU is the build's "
-                         "(Node(mtu=))", reset=12),
             )),
             Register("status", 0x0C, RO, "engine status", (
                 RegField("busy", 1, "a program is running"),
@@ -227,6 +229,8 @@ def _full_map(qps: int, regions: int, imem_words: int, dma_host_windows: int,
                 RegField("regions", 8, "memory regions (copies of mr)"),
                 RegField("imem_log2", 5, "program memory holds 2**imem_log2 words"),
                 RegField("beat_log2", 4, "datapath beat is 2**beat_log2 bytes"),
+                RegField("mtu_log2", 4, "packets carry at most 2**mtu_log2 payload bytes "
+                         "(Node(mtu=)); every engine of a world must have the same"),
             )),
         ), "identification, control and the doorbell"),
         Block("drops", 0x0100, tuple(

@@ -29,7 +29,7 @@ async def run(tb, name, gen, world, xs, dtype, op, coll_id, psn_seed):
     psns = {(a, b): rng.randrange(1 << 24) for a in range(world) for b in range(world)}
     for k in range(world):
         await tb.csr_write(k, connect_writes(rmap, k, peers, psn=lambda a, b: psns[(a, b)],
-                                             mem_base=0, mem_len=4 * bufs[1], mtu_log2=10))
+                                             mem_base=0, mem_len=4 * bufs[1]))
         await tb.mem_write(k, bufs[0], xs[k].tobytes())
         await tb.csr_write(k, collective_writes(rmap, gen(k), buffers=bufs, count=n,
                                                 dtype=dtype, op=op))

@@ -169,7 +169,7 @@ async def _one_node(tb: TB, *, out_addr: int, n: int, sq_space=Space.HOST, sq_va
     v.host.alloc_guarded(HOST_BUF, payload, GUARD)
     bufs = [HOST_BUF, out_addr, HOST_BUF + 0x10_0000, HOST_BUF + 0x20_0000]
     writes = [(v.rmap.address("ctrl.control"),
-               v.rmap["ctrl"]["control"].encode(enable=1, mtu_log2=10)),
+               v.rmap["ctrl"]["control"].encode(enable=1)),
               *collective_writes(v.rmap, _copy_program(), buffers=bufs, count=n,
                                  dtype=DType.INT32, op=ReduceOp.SUM)]
     for addr, value in writes:
@@ -287,7 +287,7 @@ async def gpu_initiated_allreduce(dut) -> None:
         await drv.setup(flag_va=flags[k])
         base = node_addr(Space.GPU, bufs_va[k][0])
         for addr, value in connect_writes(v.rmap, k, peers, psn=psn, mem_base=base,
-                                          mem_len=4 * span, mtu_log2=10) + \
+                                          mem_len=4 * span) + \
                 collective_writes(v.rmap, P.ring_allreduce(k, world),
                                   buffers=peers[k].buffers, count=n, dtype=DType.INT32,
                                   op=ReduceOp.SUM):

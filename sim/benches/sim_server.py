@@ -216,7 +216,7 @@ class Server:
         for k in range(world):
             await self.tb.csr_write(k, connect_writes(
                 self.rmap, k, peers, psn=lambda a, b: psns[(a, b)], mem_base=0,
-                mem_len=4 * self.bufs[1], mtu_log2=self.p.get("mtu_log2", 10)))
+                mem_len=4 * self.bufs[1]))
         self.clients, self.hellos = self.hellos, {}
         for c in self.clients.values():
             c.reply({"ok": True, "nodes": self.tb.nodes, "stage_bytes": self.stage_bytes,
@@ -268,7 +268,7 @@ class Server:
                       [int(b) for b in t["coll"]["buffers"]]) for p, t in enumerate(table)]
         await self.tb.csr_write(k, connect_writes(
             self.rmap, k, peers, psn=lambda a, b: int(table[a]["qps"][str(b)]["psn"]),
-            mem_base=0, mem_len=4 * self.bufs[1], mtu_log2=self.p.get("mtu_log2", 10)))
+            mem_base=0, mem_len=4 * self.bufs[1]))
         external = 0
         for p, t in enumerate(table):
             if p in self.sim_ranks:

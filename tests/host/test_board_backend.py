@@ -137,6 +137,84 @@ def test_bad_arguments_name_themselves():
         Communicator(0, 1, "board", stage_bytes=1000)
 
 
+def test_probe_reads_the_build_from_the_engine(board):
+    # ctrl.config as the Verilator-built DmaNode drives it: the build's parameters,
+    # its MTU among them, agree with what the simulated board advertises.
+    from fpgaccl.host.board_backend import probe
+    from fpgaccl.sim.benches.dma_node_top import PARAMS
+    dev = SimDevice(board, 0)
+    try:
+        got = probe(dev)
+    finally:
+        dev.close()
+    assert got == {"qps": PARAMS["qps"], "regions": PARAMS["regions"],
+                   "imem_words": PARAMS["imem_words"], "width": dev.info["width"],
+                   "mtu": PARAMS["mtu"]}
+
+
+def test_engines_built_for_different_mtus_are_refused_on_every_rank(board, monkeypatch):
+    # Rank 1's engine reads as a 4096-byte build: each rank sees the other's MTU at
+    # rendezvous and refuses the world, instead of timing out on drops.oversize later.
+    from fpgaccl.host import board_backend
+    real = board_backend.probe
+
+    def probe(dev):
+        got = real(dev)
+        return {**got, "mtu": 4096} if dev.node == 1 else got
+
+    monkeypatch.setattr(board_backend, "probe", probe)
+    port = _free_port()
+    errors: list = [None] * WORLD
+
+    def rank(r: int) -> None:
+        dev = SimDevice(board, r)
+        try:
+            Communicator(r, WORLD, "board", device=dev, master_port=port, deadline_s=60)
+        except BaseException as e:
+            errors[r] = e
+        finally:
+            dev.close()
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(WORLD)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for r in range(WORLD):
+        assert isinstance(errors[r], BackendUnavailableError), (r, errors[r])
+        assert r"different MTUs ([1024, 4096]" in str(errors[r])
+
+
+class _Registers:
+    """A device that is nothing but a register file (the probe reads ctrl only)."""
+
+    def __init__(self, info: dict, **regs: int) -> None:
+        from fpgaccl.proto.regmap import ENGINE_ID, REGMAP_VERSION, config_word, default_map
+        self.node, self.info, at = 0, info, default_map().address
+        self.regs = {at("ctrl.id"): ENGINE_ID, at("ctrl.version"): REGMAP_VERSION,
+                     at("ctrl.config"): config_word(qps=2, regions=2, imem_words=64,
+                                                    width=64, mtu=1024)}
+        self.regs.update({at(f"ctrl.{k}"): v for k, v in regs.items()})
+
+    def csr_read(self, addr: int) -> int:
+        return self.regs[addr]
+
+
+def test_probe_refuses_another_engine_map_or_build():
+    from fpgaccl.host.board_backend import probe
+    from fpgaccl.proto.regmap import REGMAP_VERSION, config_word
+    info = {"qps": 2, "regions": 2, "imem_words": 64, "mtu": 1024, "width": 64}
+    assert probe(_Registers(info))["mtu"] == 1024
+    with pytest.raises(BackendUnavailableError, match=r"ctrl\.id reads 0xdeadbeef"):
+        probe(_Registers(info, id=0xDEADBEEF))
+    with pytest.raises(BackendUnavailableError,
+                       match=f"version {REGMAP_VERSION - 1}, this runtime drives"):
+        probe(_Registers(info, version=REGMAP_VERSION - 1))
+    other = config_word(qps=2, regions=2, imem_words=64, width=64, mtu=4096)
+    with pytest.raises(BackendUnavailableError, match="mtu=4096; the device advertises mtu=1024"):
+        probe(_Registers(info, config=other))
+
+
 def test_no_board_is_a_typed_error(monkeypatch):
     monkeypatch.delenv("FPGACCL_BOARD", raising=False)
     with pytest.raises(BackendUnavailableError, match="FPGACCL_BOARD"):

@@ -41,13 +41,14 @@ def test_rw_ro_wo_rc_and_memory_registers(read_parts):
         ctx.set(bank.ctrl_sts.id.value, ENGINE_ID)
         assert await _read(ctx, bus, addr("ctrl.id")) == ENGINE_ID
         # RW: write then read back; reset value from the map.
-        assert ctx.get(bank.ctrl_ctl.control.mtu_log2) == 12
+        assert ctx.get(bank.port_ctl.udp_sport.sport) == 0xC000
         await _write(ctx, bus, addr("ctrl.scratch"), 0xDEADBEEF)
         assert await _read(ctx, bus, addr("ctrl.scratch")) == 0xDEADBEEF
         ctrl = rmap["ctrl"]["control"]
-        await _write(ctx, bus, addr("ctrl.control"), ctrl.encode(enable=1, mtu_log2=10))
+        await _write(ctx, bus, addr("ctrl.control"), ctrl.encode(enable=1))
         assert ctx.get(bank.ctrl_ctl.control.enable) == 1
-        assert ctx.get(bank.ctrl_ctl.control.mtu_log2) == 10
+        await _write(ctx, bus, addr("port.udp_sport"), 4791)
+        assert ctx.get(bank.port_ctl.udp_sport.sport) == 4791
         # Repeated blocks: copy 1 is independent of copy 0.
         await _write(ctx, bus, addr("qp.next_psn", 1), 0xFFFFFE)
         assert ctx.get(bank.qp_ctl[1].next_psn.value) == 0xFFFFFE
@@ -134,5 +135,7 @@ def test_map_without_dma_blocks_keeps_every_other_address():
         features_word(dma=False, dtypes=[DType.INT32, DType.FLOAT32], ops=[ReduceOp.SUM]))
     assert feats == {"dma": 0, "dtypes": (1 << 2) | (1 << 10), "ops": 1}
     cfg = REGMAP["ctrl"]["config"].decode(config_word(qps=8, regions=4, imem_words=256,
-                                                      width=512))
-    assert cfg == {"qps": 8, "regions": 4, "imem_log2": 8, "beat_log2": 6}
+                                                      width=512, mtu=1024))
+    assert cfg == {"qps": 8, "regions": 4, "imem_log2": 8, "beat_log2": 6, "mtu_log2": 10}
+    with pytest.raises(ValueError):
+        config_word(qps=8, regions=4, imem_words=256, width=512, mtu=1000)

@@ -59,7 +59,7 @@ def test_dma_node_copy_and_unmapped_128():
         b, r = path.split(".")
         return rm.address(path), rm[b][r].encode(**f)
 
-    setup = [w("ctrl.control", enable=1, mtu_log2=10),
+    setup = [w("ctrl.control", enable=1),
              *collective_writes(rm, [*P._setup(1), P.DONE],
                                 buffers=[IN, node_addr(Space.GPU, dst), TMP, TMP2], count=n,
                                 dtype=DType.INT32, op=ReduceOp.SUM),

@@ -19,7 +19,7 @@ from fpgaccl.proto.regmap import ENGINE_ID, REGMAP_VERSION, default_map
 
 def test_features_config_and_absent_dma_blocks():
     node = Node(64, qps=2, regions=2, imem_words=16, dtypes=(DType.INT32, DType.FLOAT32),
-                ops=(ReduceOp.SUM, ReduceOp.MAX))
+                ops=(ReduceOp.SUM, ReduceOp.MAX), mtu=2048)
     full = default_map(qps=2, regions=2, imem_words=16)
     ctrl = full["ctrl"]
     seen = {}
@@ -57,7 +57,7 @@ def test_features_config_and_absent_dma_blocks():
         "dma": 0, "dtypes": (1 << DType.INT32) | (1 << DType.FLOAT32),
         "ops": (1 << ReduceOp.SUM) | (1 << ReduceOp.MAX)}
     assert ctrl["config"].decode(seen["ctrl.config"]) == {
-        "qps": 2, "regions": 2, "imem_log2": 4, "beat_log2": 3}
+        "qps": 2, "regions": 2, "imem_log2": 4, "beat_log2": 3, "mtu_log2": 11}
     assert ctrl["status"].decode(seen["ctrl.status"]) == {
         "busy": 0, "error": 0, "cause": 0, "datapath": 0}
     assert ctrl["status"].decode(seen["after"]) == {
