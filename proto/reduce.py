@@ -131,8 +131,9 @@ class ReduceOp(enum.IntEnum):
             raise ValueError(f"unknown reduction op {name!r}") from None
 
 
-DTYPE_BITS = 4   # width of the dtype register field
-OP_BITS = 3      # width of the op register field
+DTYPE_BITS = 4   # the dtype field of ctrl.reduce and of the reduction unit's context
+OP_BITS = 3      # the op field likewise
+assert max(DType).bit_length() <= DTYPE_BITS and max(ReduceOp).bit_length() <= OP_BITS
 
 BITWISE_OPS = frozenset({ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR})
 

@@ -14,13 +14,14 @@ from enum import Enum
 from itertools import pairwise
 
 from .drops import DropReason
-from .reduce import DType, ReduceOp
+from .reduce import DTYPE_BITS, OP_BITS, DType, ReduceOp
 
 REG_BYTES = 4
 ENGINE_ID = 0x4643_434C  # "FCCL"
 REGMAP_VERSION = 3
 """2: ctrl.features, ctrl.config, status.cause/datapath. 3: the build's MTU is
-``ctrl.config.mtu_log2``; ``ctrl.control.mtu_log2``, which no logic read, is gone."""
+``ctrl.config.mtu_log2``; ``ctrl.control.mtu_log2``, which no logic read, is gone;
+``ctrl.reduce`` packs dtype and op in the widths the reduction unit decodes."""
 
 
 class Access(Enum):
@@ -212,8 +213,8 @@ def _full_map(qps: int, regions: int, imem_words: int, dma_host_windows: int,
                          RegField("coll_id", 16, "collective number put in ImmDt"),
                      )),
             Register("reduce", 0x14, RW, "element type and operation of the reduction unit", (
-                RegField("dtype", 8, "fpgaccl.proto.reduce.DType value"),
-                RegField("op", 8, "fpgaccl.proto.reduce.ReduceOp value"),
+                RegField("dtype", DTYPE_BITS, "fpgaccl.proto.reduce.DType value"),
+                RegField("op", OP_BITS, "fpgaccl.proto.reduce.ReduceOp value"),
             )),
             Register("scratch", 0x18, RW, "free for software: bus read-back tests"),
             Register("completions", 0x1C, RC, "programs completed since last cleared"),

@@ -139,3 +139,17 @@ def test_map_without_dma_blocks_keeps_every_other_address():
     assert cfg == {"qps": 8, "regions": 4, "imem_log2": 8, "beat_log2": 6, "mtu_log2": 10}
     with pytest.raises(ValueError):
         config_word(qps=8, regions=4, imem_words=256, width=512, mtu=1000)
+
+
+def test_reduce_register_is_as_wide_as_the_unit_decodes():
+    # ctrl.reduce feeds the reduction unit's context: a field wider than the unit reads
+    # would let a dtype or op out of range alias another silently; encode refuses it.
+    from amaranth.hdl import Value
+
+    from fpgaccl.proto.reduce import DTYPE_BITS, OP_BITS
+    bank = CSRBank(default_map(qps=2, regions=2, imem_words=16))
+    reduce = bank.ctrl_ctl.reduce
+    assert len(Value.cast(reduce.dtype)) == DTYPE_BITS
+    assert len(Value.cast(reduce.op)) == OP_BITS
+    with pytest.raises(ValueError, match="does not fit"):
+        REGMAP["ctrl"]["reduce"].encode(dtype=1 << DTYPE_BITS, op=0)
