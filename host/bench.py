@@ -10,6 +10,7 @@ a per-collective factor that makes it comparable to the link speed.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as _dt
 import json
 import os
@@ -56,9 +57,14 @@ def sizes(begin: int, end: int, factor: int) -> list[int]:
 
 
 def machine() -> dict[str, Any]:
-    return {"node": platform.node(), "system": platform.system(), "release": platform.release(),
-            "machine": platform.machine(), "cpus": os.cpu_count(),
-            "python": platform.python_version()}
+    out = {"node": platform.node(), "system": platform.system(), "release": platform.release(),
+           "machine": platform.machine(), "cpus": os.cpu_count(),
+           "python": platform.python_version()}
+    # The UDP socket buffers the kernel grants bound the software engine's send window.
+    for key in ("rmem_max", "wmem_max"):
+        with contextlib.suppress(OSError, ValueError):
+            out[f"net_core_{key}"] = int(Path(f"/proc/sys/net/core/{key}").read_text())
+    return out
 
 
 def git_rev() -> str:

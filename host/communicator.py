@@ -20,6 +20,7 @@ import operator
 import os
 import socket
 import threading
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -42,7 +43,7 @@ from fpgaccl.proto.reduce import DType, ReduceOp
 from . import algorithms as alg
 from . import wire
 from .buffers import UserBuffer, as_buffer, resolve_op
-from .engine import SOFTWARE_WINDOW_BYTES, Engine, Job
+from .engine import SOCKET_BUFFER_BYTES, SOFTWARE_WINDOW_BYTES, Engine, Job
 from .executor import DEFAULT_STAGE_BYTES, CollectiveRegion, execute, setup_chunks
 from .link import ImpairedLink
 from .pcap import PcapWriter
@@ -180,7 +181,8 @@ class Communicator:
                  rto_s: float = 0.05, impair: str | ImpairedLink | None = None,
                  pcap: str | Path | None = None, slot_bytes: int = 256 * 1024, slots: int = 8,
                  initial_psn: int | None = None, rendezvous_timeout_s: float = 60.0,
-                 stage_bytes: int = DEFAULT_STAGE_BYTES) -> None:
+                 stage_bytes: int = DEFAULT_STAGE_BYTES,
+                 socket_buffer_bytes: int = SOCKET_BUFFER_BYTES) -> None:
         if backend != "software":
             raise BackendUnavailableError(
                 f"backend {backend!r} is not available from the host runtime yet; "
@@ -205,7 +207,8 @@ class Communicator:
         self._pcap = PcapWriter(pcap) if pcap else None
         self.engine = Engine(rank, bind_ip, mtu=mtu, slot_bytes=slot_bytes, slots=slots,
                              rto_s=rto_s, link=impair,
-                             tap=self._pcap.tap if self._pcap else None)
+                             tap=self._pcap.tap if self._pcap else None,
+                             socket_buffer_bytes=socket_buffer_bytes)
         rng = np.random.default_rng()
         psn0 = {}
         qps = {}
@@ -219,7 +222,8 @@ class Communicator:
                               "rkey": qp.ring.rkey}
         self.region = CollectiveRegion(self.engine, stage_bytes)
         info = {"ip": self.engine.addr[0], "port": self.engine.addr[1], "qps": qps,
-                "coll": self.region.info(), "backend": "software"}
+                "coll": self.region.info(), "backend": "software",
+                "rcvbuf": self.engine.rcvbuf}
         table = exchange(rank, world_size, (socket.gethostbyname(master_addr), master_port),
                          info, rendezvous_timeout_s)
         for peer, qp in self.engine.by_peer.items():
@@ -234,6 +238,16 @@ class Communicator:
         # socket buffer to absorb one).
         if all(t.get("backend") == "software" for t in table):
             self.engine.window = max(self.engine.window, SOFTWARE_WINDOW_BYTES // self.engine.mtu)
+        rcvbufs = [int(t["rcvbuf"]) for p, t in enumerate(table) if p != rank and "rcvbuf" in t]
+        if self.engine.fit_window(rcvbufs, world_size - 1) and rank == 0 and \
+                min(rcvbufs) < 2 * socket_buffer_bytes:
+            # Smaller buffers than asked for: the kernel's cap, which only an admin lifts.
+            warnings.warn(
+                f"fpgaccl: the ranks' UDP receive buffers ({min(rcvbufs) // 2} bytes granted; "
+                f"net.core.rmem_max caps them) hold a send window of only "
+                f"{self.engine.window * self.engine.mtu} bytes per peer, which slows large "
+                f"collectives: `sysctl -w net.core.rmem_max={SOCKET_BUFFER_BYTES}` (or run "
+                "with CAP_NET_ADMIN) lifts it", RuntimeWarning, stacklevel=2)
         self.peers = [(t["ip"], t["port"]) for t in table]
         self.remotes = {p: CollectiveRegion.remote(table[p]["coll"])
                         for p in range(world_size) if p != rank}

@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 
-from fpgaccl.errors import RemoteAccessError
+from fpgaccl.errors import InvalidArgumentError, RemoteAccessError
 from fpgaccl.host import engine as engine_mod
 from fpgaccl.host import native, wire
 from fpgaccl.host.engine import Engine, Latch
@@ -632,3 +632,52 @@ def test_a_failed_queue_pair_closes_running_programs_on_the_engine_thread() -> N
         assert job.event.is_set() and job.error is err
     finally:
         eng.stop()
+
+
+def test_fit_window_shares_the_smallest_peer_buffer_among_senders() -> None:
+    eng = Engine(0, "127.77.31.1")
+    try:
+        share = engine_mod.PAYLOAD_SHARE[eng.gso]
+        full = eng.window
+        assert not eng.fit_window([], 3) and not eng.fit_window([64 << 20], 3)
+        assert eng.window == full
+        assert eng.fit_window([8 << 20, 425984], 3)  # a stock kernel's 212992, doubled
+        assert eng.window == int(425984 * share) // 3 // eng.mtu
+        assert eng.fit_window([4096], 7) and eng.window == engine_mod.MIN_WINDOW
+        with pytest.raises(InvalidArgumentError, match="socket_buffer_bytes"):
+            Engine(0, "127.77.31.2", socket_buffer_bytes=4096)
+    finally:
+        eng.stop()
+
+
+def _small_buffers(comm, n: int) -> dict:
+    rng = np.random.default_rng(comm.rank)
+    x = rng.integers(-1000, 1000, n).astype(np.float32)
+    blocks = rng.integers(0, 1 << 30, n, dtype=np.int32)
+    return {"ar": comm.allreduce(x, np.empty_like(x)), "a2a": comm.alltoall(blocks),
+            "window": comm.engine.window, "rcvbuf": comm.engine.rcvbuf,
+            "naks": comm.stats().get("nak_rx", 0)}
+
+
+def test_send_window_fits_small_receive_buffers() -> None:
+    # Buffers far smaller than a default window (as a stock kernel's rmem_max grants):
+    # every sender's window shrinks so that all of them at once fit a receiver, and large
+    # collectives complete exact with no datagram lost to a full socket (a loss shows as
+    # a sequence gap, which the receiver NAKs). Without the fit, each 1 MiB window
+    # overflows a 128 KiB buffer, and go-back-N resends it into the same buffer.
+    world, n = 4, 1 << 20
+    got = all_ok(run_world(world, _small_buffers, n=n, timeout=300,
+                           comm_kw={"socket_buffer_bytes": 65536, "deadline_s": 240}))
+    xs = [np.random.default_rng(r) for r in range(world)]
+    ins = [(g.integers(-1000, 1000, n).astype(np.float32),
+            g.integers(0, 1 << 30, n, dtype=np.int32)) for g in xs]
+    want = np.sum([x for x, _ in ins], axis=0, dtype=np.float32)
+    blk = n // world
+    for r, res in enumerate(got):
+        assert np.array_equal(res["ar"], want)
+        assert np.array_equal(res["a2a"], np.concatenate(
+            [ins[src][1][r * blk:(r + 1) * blk] for src in range(world)]))
+        share = engine_mod.PAYLOAD_SHARE[True]
+        assert res["window"] <= max(engine_mod.MIN_WINDOW,
+                                    int(res["rcvbuf"] * share) // (world - 1) // 4096)
+        assert res["naks"] == 0, res["naks"]
