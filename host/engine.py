@@ -82,10 +82,11 @@ MIN_WINDOW = 8
 """Packets: the smallest send window."""
 SO_SNDBUFFORCE, SO_RCVBUFFORCE = 32, 33  # <asm-generic/socket.h>; not in Python's socket
 PAYLOAD_SHARE = {True: 0.7, False: 0.4}
-"""How much of a receive buffer's size (as ``SO_RCVBUF`` reads back) payload may fill
-before the kernel drops: it charges each datagram's whole buffer, ~2x a 4 KiB payload
-plain, ~1.15x when GSO/GRO carry a run as one buffer (by gso). Measured on loopback
-(0.48 and 0.83-0.87 here), with headroom for ACKs and credits."""
+"""By whether runs travel as GSO/GRO: how much of a receive buffer's size (as
+``SO_RCVBUF`` reads back) payload may fill before the kernel drops. The kernel charges
+each queued buffer whole: ~2x a 4 KiB payload for a lone datagram, ~1.15x for a run
+carried as one. Measured on loopback: 0.48 and 0.83-0.87; less here, for the ACKs and
+credits that share the buffer."""
 
 
 class Latch:
