@@ -55,9 +55,10 @@ BOARD_STAGE_BYTES = 64 * 1024
 def probe(dev: Any) -> dict[str, int]:
     """What the engine says it is, read from its registers as a driver does before it
     trusts any other address: ``ctrl.id``, ``ctrl.version`` and the build parameters in
-    ``ctrl.config`` (qps, regions, imem_words, width in bits, mtu). An engine of another
-    register-map version, or one that is not the build the device advertises (its
-    ``info``), is refused here rather than programmed through the wrong map."""
+    ``ctrl.config`` (qps, regions, imem_words, width in bits, mtu), and ``ctrl.features``.
+    An engine of another register-map version, one without the DMA engine this backend
+    drives, or one that is not the build the device advertises (its ``info``), is
+    refused here rather than programmed through the wrong map."""
     rmap = default_map()   # the ctrl block's addresses are the same in every build
     at = rmap.address
     node = getattr(dev, "node", "?")
@@ -70,6 +71,9 @@ def probe(dev: Any) -> dict[str, int]:
         raise BackendUnavailableError(
             f"engine {node}: its register map is version {version}, this runtime drives "
             f"version {REGMAP_VERSION}: build the bitstream from this fpgaccl")
+    if not rmap["ctrl"]["features"].decode(dev.csr_read(at("ctrl.features")))["dma"]:
+        raise BackendUnavailableError(f"engine {node}: ctrl.features.dma reads 0: a build "
+                                      "without the DMA engine has no queues to drive")
     c = rmap["ctrl"]["config"].decode(dev.csr_read(at("ctrl.config")))
     got = {"qps": c["qps"], "regions": c["regions"], "imem_words": 1 << c["imem_log2"],
            "width": 8 << c["beat_log2"], "mtu": 1 << c["mtu_log2"]}
@@ -145,17 +149,18 @@ class BoardCommunicator(SimCommunicator):
             peers = [Peer(t["mac"], t["ip"], t["key"], t["buffers"]) for t in table]
             # An engine drops a packet longer than its own MTU (drops.oversize): a world of
             # mixed builds would only ever time out, so it is refused at the start instead.
-            mtus = [int(t["mtu"]) for t in table]
+            mtus = [t.get("mtu") for t in table]
             if len(set(mtus)) > 1:
                 raise BackendUnavailableError(f"the ranks' engines were built for different "
-                                              f"MTUs ({mtus}, by rank): every engine of a "
-                                              "world must carry the same packets")
+                                              f"MTUs ({mtus}, by rank; None: a runtime that "
+                                              "does not tell it): every engine of a world "
+                                              "must carry the same packets")
             dev.csr_write(connect_writes(
                 self.rmap, rank, peers, psn=lambda a, b: table[a]["psn"][str(b)],
                 mem_base=self.buffers[0], mem_len=4 * span))
         except BaseException:
             if device is None:
-                dev.close()   # ours to close; a device the caller passed stays theirs
+                dev.close()   # ours; the caller's stays theirs until close() takes it
             raise
 
     # The sim backend ships each segment to its server; here the runtime runs it itself.

@@ -223,7 +223,7 @@ class Communicator:
         self.region = CollectiveRegion(self.engine, stage_bytes)
         info = {"ip": self.engine.addr[0], "port": self.engine.addr[1], "qps": qps,
                 "coll": self.region.info(), "backend": "software",
-                "rcvbuf": self.engine.rcvbuf}
+                "rcvbuf": self.engine.rcvbuf, "gro": self.engine.gro}
         table = exchange(rank, world_size, (socket.gethostbyname(master_addr), master_port),
                          info, rendezvous_timeout_s)
         for peer, qp in self.engine.by_peer.items():
@@ -238,16 +238,18 @@ class Communicator:
         # socket buffer to absorb one).
         if all(t.get("backend") == "software" for t in table):
             self.engine.window = max(self.engine.window, SOFTWARE_WINDOW_BYTES // self.engine.mtu)
-        rcvbufs = [int(t["rcvbuf"]) for p, t in enumerate(table) if p != rank and "rcvbuf" in t]
-        if self.engine.fit_window(rcvbufs, world_size - 1) and rank == 0 and \
-                min(rcvbufs) < 2 * socket_buffer_bytes:
-            # Smaller buffers than asked for: the kernel's cap, which only an admin lifts.
+        peers = [(int(t["rcvbuf"]), bool(t.get("gro"))) for p, t in enumerate(table)
+                 if p != rank and "rcvbuf" in t]
+        if self.engine.fit_window(peers, world_size - 1) and rank == 0 and \
+                min(b for b, _ in peers) < 2 * socket_buffer_bytes:
+            # Smaller buffers than this rank asked for: a kernel cap (or a peer's choice).
             warnings.warn(
-                f"fpgaccl: the ranks' UDP receive buffers ({min(rcvbufs) // 2} bytes granted; "
-                f"net.core.rmem_max caps them) hold a send window of only "
-                f"{self.engine.window * self.engine.mtu} bytes per peer, which slows large "
-                f"collectives: `sysctl -w net.core.rmem_max={SOCKET_BUFFER_BYTES}` (or run "
-                "with CAP_NET_ADMIN) lifts it", RuntimeWarning, stacklevel=2)
+                f"fpgaccl: the smallest UDP receive buffer of the world "
+                f"({min(b for b, _ in peers) // 2} bytes granted, {socket_buffer_bytes} asked "
+                f"for) holds a send window of only {self.engine.window * self.engine.mtu} "
+                "bytes per peer, which slows large collectives. The kernel grants at most "
+                f"net.core.rmem_max: `sysctl -w net.core.rmem_max={socket_buffer_bytes}`, or "
+                "CAP_NET_ADMIN, lifts that cap", RuntimeWarning, stacklevel=2)
         self.peers = [(t["ip"], t["port"]) for t in table]
         self.remotes = {p: CollectiveRegion.remote(table[p]["coll"])
                         for p in range(world_size) if p != rank}

@@ -79,14 +79,21 @@ SOCKET_BUFFER_BYTES = 4 << 20
 """Socket buffers asked for. Linux grants at most ``net.core.rmem_max``/``wmem_max``
 (212992 on a stock kernel) unless the process may force more (CAP_NET_ADMIN)."""
 MIN_WINDOW = 8
-"""Packets: the smallest send window."""
+"""Packets: the smallest send window a constructor gives (a fitted one may be smaller)."""
 SO_SNDBUFFORCE, SO_RCVBUFFORCE = 32, 33  # <asm-generic/socket.h>; not in Python's socket
-PAYLOAD_SHARE = {True: 0.7, False: 0.4}
-"""By whether runs travel as GSO/GRO: how much of a receive buffer's size (as
-``SO_RCVBUF`` reads back) payload may fill before the kernel drops. The kernel charges
-each queued buffer whole: ~2x a 4 KiB payload for a lone datagram, ~1.15x for a run
-carried as one. Measured on loopback: 0.48 and 0.83-0.87; less here, for the ACKs and
-credits that share the buffer."""
+BUFFER_HEADROOM = 0.85
+"""Share of a receive buffer the send windows may fill: the rest is for ACKs and credits."""
+
+
+def packet_charge(payload: int, coalesced: bool) -> int:
+    """Bytes of a receive buffer's size (as ``SO_RCVBUF`` reads it back) one queued packet
+    of ``payload`` bytes takes, rounded up: the kernel charges the whole buffer it sits
+    in. A lone datagram's is a power-of-two allocation plus the skb (payload filled 0.20,
+    0.40, 0.44, 0.48 and 0.47 of a buffer at 256, 512, 1024, 4096 and 8192 bytes); a GRO
+    run's is shared by its packets (0.83-0.87 at 4096). Measured on loopback."""
+    if coalesced:
+        return payload * 5 // 4
+    return (1 << (payload + 400).bit_length()) + 320 + payload // 8
 
 
 class Latch:
@@ -162,9 +169,9 @@ class Engine:
                  socket_buffer_bytes: int = SOCKET_BUFFER_BYTES) -> None:
         if mtu not in VALID_MTUS:
             raise InvalidArgumentError("mtu", f"{mtu} is not one of {VALID_MTUS}")
-        if not isinstance(socket_buffer_bytes, int) or socket_buffer_bytes < 65536:
-            raise InvalidArgumentError("socket_buffer_bytes", f"{socket_buffer_bytes!r}: at "
-                                       "least 65536 bytes")
+        if type(socket_buffer_bytes) is not int or not 65536 <= socket_buffer_bytes <= 1 << 30:
+            raise InvalidArgumentError("socket_buffer_bytes", f"{socket_buffer_bytes!r}: an "
+                                       "int from 65536 to 2**30 bytes")
         self.rank = rank
         self.bind_ip = bind_ip
         self.mtu = JUMBO_PAYLOAD if mtu == 9000 else mtu
@@ -192,6 +199,7 @@ class Engine:
                     self.sock.setsockopt(socket.SOL_SOCKET, force, socket_buffer_bytes)
         self.rcvbuf = self.sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
         """What the kernel lets this socket queue (its accounting, 2x what was granted)."""
+        self._fit: tuple[list[tuple[int, bool]], int] | None = None
         # DF + id 0: the IPv4 header the kernel writes is the one our ICRC covers.
         self.sock.setsockopt(socket.IPPROTO_IP, 10, 2)  # IP_MTU_DISCOVER = IP_PMTUDISC_DO
         try:
@@ -265,20 +273,30 @@ class Engine:
         self.posted[peer] = []
         return qp
 
-    def fit_window(self, peer_rcvbufs: Sequence[int], senders: int) -> bool:
+    def fit_window(self, peers: Sequence[tuple[int, bool]], senders: int) -> bool:
         """Shrink the send window so that ``senders`` engines sending to one peer at once
-        (a full window each, as an alltoall does) fit its receive buffer: a window the
-        buffer cannot take is dropped in part, and go-back-N then resends it whole into the
-        same buffer (a 64 MiB allreduce took 7.1 s instead of 0.14 s that way on a stock
-        kernel). ``peer_rcvbufs``: the peers' ``rcvbuf``. True if the window shrank."""
-        if not peer_rcvbufs:
+        (a full window each, as a gather of isends does) fit its receive buffer: a window
+        the buffer cannot take is dropped in part, and go-back-N then resends it whole
+        into the same buffer (a 64 MiB allreduce took 7.1 s instead of 0.14 s that way on
+        a stock kernel). ``peers``: each peer's ``rcvbuf`` and ``gro``. True if the window
+        shrank. Fitted again if this engine stops coalescing (:meth:`_no_gso`)."""
+        self._fit = (list(peers), senders)
+        if not peers:
             return False
-        share = PAYLOAD_SHARE[self.gso]
-        fits = int(min(peer_rcvbufs) * share) // max(1, senders) // self.mtu
+        fits = min(int(rcvbuf * BUFFER_HEADROOM)
+                   // packet_charge(self.mtu, self.gso and gro) for rcvbuf, gro in peers)
+        fits //= max(1, senders)
         if fits >= self.window:
             return False
-        self.window = max(MIN_WINDOW, fits)
+        self.window = max(2, fits)  # AckReq every window // 2 packets: at least 1
         return True
+
+    def _no_gso(self) -> None:
+        """This path cannot segment: one datagram per message from now on, each charged
+        alone at the peer, so the window is fitted again."""
+        self.gso = False
+        if self._fit is not None:
+            self.fit_window(*self._fit)
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name=f"fpgaccl-engine-{self.rank}",
@@ -424,8 +442,7 @@ class Engine:
                     return  # the peer is gone; its timeout will surface
                 if count > 1 and e.errno in (errno.EIO, errno.EINVAL, errno.EOPNOTSUPP,
                                              errno.EMSGSIZE):
-                    # This path cannot segment: from now on, one datagram per call.
-                    self.gso = False
+                    self._no_gso()
                     self._sendmsg_each(parts, addr, seg)
                     return
                 if e.errno == errno.EMSGSIZE:
@@ -464,7 +481,7 @@ class Engine:
                     return  # the peer is gone; its timeout will surface
                 if per > 1 and err in (errno.EIO, errno.EINVAL, errno.EOPNOTSUPP,
                                        errno.EMSGSIZE):
-                    self.gso = False  # this path cannot segment: one datagram per message
+                    self._no_gso()
                     continue
                 if err == errno.EMSGSIZE:
                     raise TransportError(

@@ -182,16 +182,25 @@ def test_engines_built_for_different_mtus_are_refused_on_every_rank(board, monke
         t.join()
     for r in range(WORLD):
         assert isinstance(errors[r], BackendUnavailableError), (r, errors[r])
-        assert r"different MTUs ([1024, 4096]" in str(errors[r])
+        assert "different MTUs ([1024, 4096]" in str(errors[r])
 
 
 class _Registers:
     """A device that is nothing but a register file (the probe reads ctrl only)."""
 
     def __init__(self, info: dict, **regs: int) -> None:
-        from fpgaccl.proto.regmap import ENGINE_ID, REGMAP_VERSION, config_word, default_map
+        from fpgaccl.proto.reduce import DType, ReduceOp
+        from fpgaccl.proto.regmap import (
+            ENGINE_ID,
+            REGMAP_VERSION,
+            config_word,
+            default_map,
+            features_word,
+        )
         self.node, self.info, at = 0, info, default_map().address
         self.regs = {at("ctrl.id"): ENGINE_ID, at("ctrl.version"): REGMAP_VERSION,
+                     at("ctrl.features"): features_word(dma=True, dtypes=[DType.INT32],
+                                                        ops=[ReduceOp.SUM]),
                      at("ctrl.config"): config_word(qps=2, regions=2, imem_words=64,
                                                     width=64, mtu=1024)}
         self.regs.update({at(f"ctrl.{k}"): v for k, v in regs.items()})
@@ -210,6 +219,8 @@ def test_probe_refuses_another_engine_map_or_build():
     with pytest.raises(BackendUnavailableError,
                        match=f"version {REGMAP_VERSION - 1}, this runtime drives"):
         probe(_Registers(info, version=REGMAP_VERSION - 1))
+    with pytest.raises(BackendUnavailableError, match=r"ctrl\.features\.dma reads 0"):
+        probe(_Registers(info, features=0))
     other = config_word(qps=2, regions=2, imem_words=64, width=64, mtu=4096)
     with pytest.raises(BackendUnavailableError, match="mtu=4096; the device advertises mtu=1024"):
         probe(_Registers(info, config=other))
