@@ -217,27 +217,21 @@ def _reduce_blocks(dtype: DType, ufunc: np.ufunc, a: np.ndarray, b: np.ndarray,
     more pass (a 4 MiB float32 sum took 0.85 ms this way, 0.59 ms straight)."""
     step = _BLOCK_BYTES // out.itemsize
     minimum, isnan = np.minimum.reduce, np.isnan
-    if not (np.may_share_memory(out, a) or np.may_share_memory(out, b)):
-        with np.errstate(all="ignore"):
-            for lo in range(0, out.size, step):
-                hi = min(lo + step, out.size)
-                r = out[lo:hi]
-                ufunc(a[lo:hi], b[lo:hi], out=r)
-                if isnan(minimum(r, axis=None)):
-                    r[...] = nan_fixup(dtype, a[lo:hi], b[lo:hi], r.copy())
-        return
-    tmp = getattr(_scratch, out.dtype.str, None)
-    if tmp is None:
-        tmp = np.empty(step, out.dtype)
-        setattr(_scratch, out.dtype.str, tmp)
+    tmp = None
+    if np.may_share_memory(out, a) or np.may_share_memory(out, b):
+        tmp = getattr(_scratch, out.dtype.str, None)
+        if tmp is None:
+            tmp = np.empty(step, out.dtype)
+            setattr(_scratch, out.dtype.str, tmp)
     with np.errstate(all="ignore"):
         for lo in range(0, out.size, step):
             hi = min(lo + step, out.size)
-            r = tmp[:hi - lo]
+            r = out[lo:hi] if tmp is None else tmp[:hi - lo]
             ufunc(a[lo:hi], b[lo:hi], out=r)
             if isnan(minimum(r, axis=None)):
-                r = nan_fixup(dtype, a[lo:hi], b[lo:hi], r.copy())
-            out[lo:hi] = r
+                r[...] = nan_fixup(dtype, a[lo:hi], b[lo:hi], r.copy())
+            if tmp is not None:
+                out[lo:hi] = r
 
 
 def _has_nan(x: np.ndarray) -> bool:
