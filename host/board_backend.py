@@ -35,7 +35,7 @@ import numpy as np
 
 from fpgaccl.errors import BackendUnavailableError, InvalidArgumentError, UnsupportedError
 from fpgaccl.proto.queues import Opcode, Space, node_addr, work_imm
-from fpgaccl.proto.regmap import ENGINE_ID, REGMAP_VERSION, default_map
+from fpgaccl.proto.regmap import ENGINE_ID, REGMAP_VERSION, config_fields, default_map
 
 from .board_device import SimDevice
 from .communicator import check_world
@@ -74,9 +74,7 @@ def probe(dev: Any) -> dict[str, int]:
     if not rmap["ctrl"]["features"].decode(dev.csr_read(at("ctrl.features")))["dma"]:
         raise BackendUnavailableError(f"engine {node}: ctrl.features.dma reads 0: a build "
                                       "without the DMA engine has no queues to drive")
-    c = rmap["ctrl"]["config"].decode(dev.csr_read(at("ctrl.config")))
-    got = {"qps": c["qps"], "regions": c["regions"], "imem_words": 1 << c["imem_log2"],
-           "width": 8 << c["beat_log2"], "mtu": 1 << c["mtu_log2"]}
+    got = config_fields(dev.csr_read(at("ctrl.config")))
     info = getattr(dev, "info", {})
     wrong = {k: (v, info[k]) for k, v in got.items() if k in info and int(info[k]) != v}
     if wrong:

@@ -240,12 +240,13 @@ class Communicator:
             self.engine.window = max(self.engine.window, SOFTWARE_WINDOW_BYTES // self.engine.mtu)
         peers = [(int(t["rcvbuf"]), bool(t.get("gro"))) for p, t in enumerate(table)
                  if p != rank and "rcvbuf" in t]
+        smallest = min((b for b, _ in peers), default=0)
         if self.engine.fit_window(peers, world_size - 1) and rank == 0 and \
-                min(b for b, _ in peers) < 2 * socket_buffer_bytes:
+                smallest < 2 * socket_buffer_bytes:
             # Smaller buffers than this rank asked for: a kernel cap (or a peer's choice).
             warnings.warn(
                 f"fpgaccl: the smallest UDP receive buffer of the world "
-                f"({min(b for b, _ in peers) // 2} bytes granted, {socket_buffer_bytes} asked "
+                f"({smallest // 2} bytes granted, {socket_buffer_bytes} asked "
                 f"for) holds a send window of only {self.engine.window * self.engine.mtu} "
                 "bytes per peer, which slows large collectives. The kernel grants at most "
                 f"net.core.rmem_max: `sysctl -w net.core.rmem_max={socket_buffer_bytes}`, or "

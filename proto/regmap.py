@@ -187,6 +187,14 @@ def config_word(*, qps: int, regions: int, imem_words: int, width: int, mtu: int
                                mtu_log2=mtu.bit_length() - 1)
 
 
+def config_fields(word: int) -> dict[str, int]:
+    """The build parameters a ``ctrl.config`` word holds, as :func:`config_word` takes
+    them."""
+    c = _CTRL_CONFIG.decode(word)
+    return {"qps": c["qps"], "regions": c["regions"], "imem_words": 1 << c["imem_log2"],
+            "width": 8 << c["beat_log2"], "mtu": 1 << c["mtu_log2"]}
+
+
 def _full_map(qps: int, regions: int, imem_words: int, dma_host_windows: int,
               gpu_pages: int) -> RegisterMap:
     RO, RW, WO, RC = Access.RO, Access.RW, Access.WO, Access.RC

@@ -123,7 +123,7 @@ def test_readback_reaches_every_register(read_parts):
 
 
 def test_map_without_dma_blocks_keeps_every_other_address():
-    from fpgaccl.proto.regmap import DMA_BLOCKS, config_word, features_word
+    from fpgaccl.proto.regmap import DMA_BLOCKS, config_fields, config_word, features_word
     full, lean = default_map(), default_map(dma=False)
     assert {b.name for b in full} - {b.name for b in lean} == set(DMA_BLOCKS)
     assert [(a, r.name) for a, b, _, r in full.flat() if b.name not in DMA_BLOCKS] == \
@@ -137,6 +137,8 @@ def test_map_without_dma_blocks_keeps_every_other_address():
     cfg = REGMAP["ctrl"]["config"].decode(config_word(qps=8, regions=4, imem_words=256,
                                                       width=512, mtu=1024))
     assert cfg == {"qps": 8, "regions": 4, "imem_log2": 8, "beat_log2": 6, "mtu_log2": 10}
+    params = {"qps": 8, "regions": 4, "imem_words": 256, "width": 512, "mtu": 1024}
+    assert config_fields(config_word(**params)) == params
     with pytest.raises(ValueError):
         config_word(qps=8, regions=4, imem_words=256, width=512, mtu=1000)
 
