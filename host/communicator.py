@@ -221,9 +221,11 @@ class Communicator:
             qps[str(peer)] = {"qpn": qp.qpn, "psn": psn0[peer], "va": qp.ring.va,
                               "rkey": qp.ring.rkey}
         self.region = CollectiveRegion(self.engine, stage_bytes)
+        self.engine.plan_rx(world_size - 1)
         info = {"ip": self.engine.addr[0], "port": self.engine.addr[1], "qps": qps,
                 "coll": self.region.info(), "backend": "software",
-                "rcvbuf": self.engine.rcvbuf, "gro": self.engine.gro}
+                "rcvbuf": self.engine.rcvbuf, "gro": self.engine.gro,
+                "rx_per_peer": self.engine.rx_per_peer}
         table = exchange(rank, world_size, (socket.gethostbyname(master_addr), master_port),
                          info, rendezvous_timeout_s)
         for peer, qp in self.engine.by_peer.items():
@@ -234,13 +236,14 @@ class Communicator:
                        remote_rkey=theirs["rkey"])
             if table[peer].get("backend") == "software":
                 qp.ack_delay = self.engine.ack_delay_s
+        self.engine.open_peer_sockets()
         # Only software peers: a bigger send window (an HDL node's receive path has no
         # socket buffer to absorb one).
         if all(t.get("backend") == "software" for t in table):
             self.engine.window = max(self.engine.window, SOFTWARE_WINDOW_BYTES // self.engine.mtu)
-        peers = [(int(t["rcvbuf"]), bool(t.get("gro"))) for p, t in enumerate(table)
-                 if p != rank and "rcvbuf" in t]
-        smallest = min((b for b, _ in peers), default=0)
+        peers = [(int(t["rcvbuf"]), bool(t.get("gro")), bool(t.get("rx_per_peer")))
+                 for p, t in enumerate(table) if p != rank and "rcvbuf" in t]
+        smallest = min((b for b, _, _ in peers), default=0)
         if self.engine.fit_window(peers, world_size - 1) and rank == 0 and \
                 smallest < 2 * socket_buffer_bytes:
             # Smaller buffers than this rank asked for: a kernel cap (or a peer's choice).

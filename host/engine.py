@@ -96,6 +96,15 @@ def packet_charge(payload: int, coalesced: bool) -> int:
     return (1 << (payload + 400).bit_length()) + 320 + payload // 8
 
 
+def _bind_error(bind_ip: str, port: int, e: OSError) -> InvalidArgumentError:
+    taken = e.errno == errno.EADDRINUSE
+    return InvalidArgumentError(
+        "bind_ip", f"cannot bind UDP {bind_ip}:{port}: {e.strerror}" + (
+            " (another rank on this host? RoCEv2 wants port 4791 on every rank, so "
+            "give each local rank its own address: bind_ip= or FPGACCL_BIND_IP)"
+            if taken else ""))
+
+
 class Latch:
     """A one-shot event for one setter (the engine thread) and any waiters: a lock held
     until set. ``threading.Event`` builds a Condition and a fresh lock on every wait; a
@@ -189,29 +198,20 @@ class Engine:
         self._rng = np.random.default_rng()
         self._link = link  # impairment shim: (datagram parts, addr, send) -> None
         self._tap = tap  # capture hook: (src_ip, dst_addr, datagram bytes)
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        for opt, force in ((socket.SO_RCVBUF, SO_RCVBUFFORCE),
-                           (socket.SO_SNDBUF, SO_SNDBUFFORCE)):
-            self.sock.setsockopt(socket.SOL_SOCKET, opt, socket_buffer_bytes)
-            if self.sock.getsockopt(socket.SOL_SOCKET, opt) < 2 * socket_buffer_bytes:
-                # Capped by rmem_max/wmem_max: a process that may, takes it anyway.
-                with contextlib.suppress(OSError):
-                    self.sock.setsockopt(socket.SOL_SOCKET, force, socket_buffer_bytes)
+        self.socket_buffer_bytes = socket_buffer_bytes
+        if port:
+            self._check_port_free(bind_ip, port)
+        self.sock = self._udp_socket()
         self.rcvbuf = self.sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
         """What the kernel lets this socket queue (its accounting, 2x what was granted)."""
-        self._fit: tuple[list[tuple[int, bool]], int] | None = None
+        self._fit: tuple[list[tuple[int, bool, bool]], int] | None = None
         # DF + id 0: the IPv4 header the kernel writes is the one our ICRC covers.
         self.sock.setsockopt(socket.IPPROTO_IP, 10, 2)  # IP_MTU_DISCOVER = IP_PMTUDISC_DO
         try:
             self.sock.bind((bind_ip, port))
         except OSError as e:
             self.sock.close()
-            taken = e.errno == errno.EADDRINUSE
-            raise InvalidArgumentError(
-                "bind_ip", f"cannot bind UDP {bind_ip}:{port}: {e.strerror}" + (
-                    " (another rank on this host? RoCEv2 wants port 4791 on every rank, so "
-                    "give each local rank its own address: bind_ip= or FPGACCL_BIND_IP)"
-                    if taken else "")) from None
+            raise _bind_error(bind_ip, port, e) from None
         self.sock.setblocking(False)
         self.addr = self.sock.getsockname()
         # On loopback there is no wire: a run of equal-sized datagrams goes to the kernel in
@@ -228,6 +228,9 @@ class Engine:
                 self.gro = True
             except OSError:
                 self.gso = False
+        self.rx_per_peer = False
+        """Whether each peer's datagrams queue on a socket of their own (:meth:`plan_rx`)."""
+        self._rx_socks: list[socket.socket] = [self.sock]
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._submitted: deque[Job] = deque()
@@ -258,6 +261,35 @@ class Engine:
         return self._native_tx
 
     # ------------------------------------------------------------------ set-up
+    @staticmethod
+    def _check_port_free(bind_ip: str, port: int) -> None:
+        """Refuse an address another socket holds. The engine's own sockets share it
+        (SO_REUSEPORT, for :meth:`open_peer_sockets`), which would let a second rank
+        bound to the same address take half of this one's datagrams unnoticed: an
+        exclusive bind first finds any holder."""
+        probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        try:
+            probe.bind((bind_ip, port))
+        except OSError as e:
+            raise _bind_error(bind_ip, port, e) from None
+        finally:
+            probe.close()
+
+    def _udp_socket(self) -> socket.socket:
+        """A UDP socket with the engine's buffers, forced past the kernel's cap where
+        this process may, open for its siblings on the same address."""
+        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        want = self.socket_buffer_bytes
+        for opt, force in ((socket.SO_RCVBUF, SO_RCVBUFFORCE),
+                           (socket.SO_SNDBUF, SO_SNDBUFFORCE)):
+            sock.setsockopt(socket.SOL_SOCKET, opt, want)
+            if sock.getsockopt(socket.SOL_SOCKET, opt) < 2 * want:
+                # Capped by rmem_max/wmem_max: a process that may, takes it anyway.
+                with contextlib.suppress(OSError):
+                    sock.setsockopt(socket.SOL_SOCKET, force, want)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        return sock
+
     def create_qp(self, peer: int) -> QueuePair:
         # The HDL node's convention (host/csr_plan.py): QP i talks to rank i, QPN 0x100 + i.
         qpn = QPN_BASE + peer
@@ -273,19 +305,53 @@ class Engine:
         self.posted[peer] = []
         return qp
 
-    def fit_window(self, peers: Sequence[tuple[int, bool]], senders: int) -> bool:
+    def plan_rx(self, peers: int) -> bool:
+        """Decide, before the rendezvous tells the peers, whether each of ``peers`` peers
+        gets a receive socket of its own (:meth:`open_peer_sockets`): where the shared
+        socket's buffer cannot queue a full software window from every peer at once (a
+        kernel cap, or a large world). Each peer then has the whole of a buffer, instead of
+        a share sized for all of them sending together, which a ring never does: on a
+        stock kernel without CAP_NET_ADMIN, a 4-rank ring's window triples."""
+        fits = int(self.rcvbuf * BUFFER_HEADROOM) // packet_charge(self.mtu, self.gro)
+        self.rx_per_peer = peers > 1 and fits < peers * (SOFTWARE_WINDOW_BYTES // self.mtu)
+        return self.rx_per_peer
+
+    def open_peer_sockets(self) -> None:
+        """With :attr:`rx_per_peer`, a socket for each connected peer on this engine's
+        address, connected to the peer's: the kernel queues a datagram on the socket
+        connected to its source before the shared one (one of a SO_REUSEPORT group), so
+        each peer fills a buffer of its own. Every socket's datagrams go through the same
+        checks whichever socket they came by; a peer that sends from another address (an
+        HDL node's per-QP source port) lands on the shared socket, as before."""
+        if not self.rx_per_peer:
+            return
+        for qp in self.by_peer.values():
+            sock = self._udp_socket()
+            try:
+                sock.bind(self.addr)
+                sock.connect(qp.addr)
+                sock.setblocking(False)
+                if self.gro:
+                    sock.setsockopt(SOL_UDP, UDP_GRO, 1)
+            except OSError:
+                sock.close()
+                raise
+            self._rx_socks.append(sock)
+
+    def fit_window(self, peers: Sequence[tuple[int, bool, bool]], senders: int) -> bool:
         """Shrink the send window so that ``senders`` engines sending to one peer at once
         (a full window each, as a gather of isends does) fit its receive buffer: a window
         the buffer cannot take is dropped in part, and go-back-N then resends it whole
         into the same buffer (a 64 MiB allreduce took 7.1 s instead of 0.14 s that way on
-        a stock kernel). ``peers``: each peer's ``rcvbuf`` and ``gro``. True if the window
-        shrank. Fitted again if this engine stops coalescing (:meth:`_no_gso`)."""
+        a stock kernel). ``peers``: each peer's ``rcvbuf``, ``gro`` and ``rx_per_peer`` (a
+        buffer for each sender). True if the window shrank. Fitted again if this engine
+        stops coalescing (:meth:`_no_gso`)."""
         self._fit = (list(peers), senders)
         if not peers:
             return False
-        fits = min(int(rcvbuf * BUFFER_HEADROOM)
-                   // packet_charge(self.mtu, self.gso and gro) for rcvbuf, gro in peers)
-        fits //= max(1, senders)
+        charge = packet_charge
+        fits = min(int(rcvbuf * BUFFER_HEADROOM) // charge(self.mtu, self.gso and gro)
+                   // (1 if own else max(1, senders)) for rcvbuf, gro, own in peers)
         if fits >= self.window:
             return False
         self.window = max(2, fits)  # AckReq every window // 2 packets: at least 1
@@ -308,7 +374,8 @@ class Engine:
         self._wake()
         if self._thread is not None:
             self._thread.join(5)
-        self.sock.close()
+        for sock in self._rx_socks:  # the shared socket first
+            sock.close()
         self._wake_r.close()
         self._wake_w.close()
 
@@ -548,7 +615,8 @@ class Engine:
     def _run(self) -> None:
         try:
             poller = select.poll()
-            poller.register(self.sock, select.POLLIN)
+            for sock in self._rx_socks:
+                poller.register(sock, select.POLLIN)
             poller.register(self._wake_r, select.POLLIN)
             wake_fd = self._wake_r.fileno()
             qps: list[QueuePair] = []
@@ -600,9 +668,13 @@ class Engine:
         return max(1, int(wait * 1000))
 
     def _receive(self) -> bool:
-        if self.fastpath is not None:
-            return self._receive_native()
-        sock = self.sock
+        recv = self._receive_python if self.fastpath is None else self._receive_native
+        got = False
+        for sock in self._rx_socks:
+            got |= recv(sock)
+        return got
+
+    def _receive_python(self, sock: socket.socket) -> bool:
         buf = self._rxview
         got = False
         now = time.monotonic()
@@ -641,13 +713,14 @@ class Engine:
                 self._packet(buf[off:off + m], m, src, sport, now)
         return got
 
-    def _receive_native(self) -> bool:
-        """:meth:`_receive` through ``fp_recv_batch``: up to ``_RX_SLOTS`` datagrams (or
-        GRO runs) per recvmmsg, each then checked and dispatched as :meth:`_receive`
-        does."""
+    def _receive_native(self, sock: socket.socket) -> bool:
+        """:meth:`_receive_python` through ``fp_recv_batch``: up to ``_RX_SLOTS`` datagrams
+        (or GRO runs) per recvmmsg, each then checked and dispatched as
+        :meth:`_receive_python` does."""
         lens_a, segs_a, addrs_a, ports_a = self._rxmeta_addr
+        fd = sock.fileno()
         while True:
-            r = self.fastpath.recv_batch(self.sock.fileno(), self._rxaddr, native.SLOT_BYTES,
+            r = self.fastpath.recv_batch(fd, self._rxaddr, native.SLOT_BYTES,
                                          _RX_SLOTS, lens_a, segs_a, addrs_a, ports_a)
             if r != -errno.ECONNREFUSED:  # an ICMP error queued on the socket: read on
                 break

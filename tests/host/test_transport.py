@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import socket
 import struct
@@ -57,9 +58,9 @@ def engine_and_peer():
     peer.close()
 
 
-def _read_ack(peer: socket.socket) -> tuple[AethKind, int, int]:
+def _read_ack(peer: socket.socket, src: str = "127.77.1.1") -> tuple[AethKind, int, int]:
     dg, _ = peer.recvfrom(65536)
-    f = parse_frame(frame("127.77.1.1", "127.77.1.2", dg))
+    f = parse_frame(frame(src, peer.getsockname()[0], dg))
     assert f.bth["opcode"] == Opcode.ACKNOWLEDGE
     kind, code = split_syndrome(f.aeth["syndrome"])
     return kind, code, f.bth["psn"]
@@ -653,16 +654,20 @@ def test_fit_window_shares_the_smallest_peer_buffer_among_senders() -> None:
     eng = Engine(0, "127.77.31.1")
     try:
         full = eng.window
-        assert not eng.fit_window([], 3) and not eng.fit_window([(64 << 20, True)], 3)
+        assert not eng.fit_window([], 3) and not eng.fit_window([(64 << 20, True, False)], 3)
         assert eng.window == full
         # A stock kernel's 212992, doubled; a GRO peer's runs are charged less.
         charge = engine_mod.packet_charge(eng.mtu, eng.gso)
-        assert eng.fit_window([(8 << 20, True), (425984, True)], 3)
+        assert eng.fit_window([(8 << 20, True, False), (425984, True, False)], 3)
         assert eng.window == int(425984 * engine_mod.BUFFER_HEADROOM) // charge // 3
-        assert eng.fit_window([(425984, False)], 3)  # this peer takes lone datagrams
+        # A peer with a socket for each sender: the whole buffer is this engine's.
+        eng.window = full
+        assert eng.fit_window([(8 << 20, True, False), (425984, True, True)], 3)
+        assert eng.window == int(425984 * engine_mod.BUFFER_HEADROOM) // charge
+        assert eng.fit_window([(425984, False, False)], 3)  # this peer takes lone datagrams
         assert eng.window == int(425984 * engine_mod.BUFFER_HEADROOM) // \
             engine_mod.packet_charge(eng.mtu, False) // 3
-        assert eng.fit_window([(65536, False)], 7) and eng.window == 2
+        assert eng.fit_window([(65536, False, False)], 7) and eng.window == 2
         for bad in (4096, 1 << 31, True, 65536.0):
             with pytest.raises(InvalidArgumentError, match="socket_buffer_bytes"):
                 Engine(0, "127.77.31.2", socket_buffer_bytes=bad)
@@ -671,12 +676,80 @@ def test_fit_window_shares_the_smallest_peer_buffer_among_senders() -> None:
     eng = Engine(0, "127.77.31.3")
     try:
         if eng.gso:  # the path stops segmenting: charged alone, fitted again
-            assert eng.fit_window([(425984, True)], 1)
+            assert eng.fit_window([(425984, True, False)], 1)
             coalesced = eng.window
             eng._no_gso()
             assert not eng.gso and eng.window < coalesced
     finally:
         eng.stop()
+
+
+def test_plan_rx_splits_a_buffer_too_small_for_every_peers_window() -> None:
+    big = Engine(0, "127.77.33.1")  # 4 MiB: three peers' 1 MiB windows fit at once
+    small = Engine(0, "127.77.33.2", socket_buffer_bytes=65536)
+    try:
+        assert not big.plan_rx(3) and not big.rx_per_peer
+        assert big.plan_rx(8)  # a world of 9: eight windows do not fit
+        assert small.plan_rx(3) and small.rx_per_peer
+        assert not small.plan_rx(1)  # one peer: its own socket would change nothing
+    finally:
+        big.stop()
+        small.stop()
+
+
+def test_each_peer_queues_on_a_socket_of_its_own() -> None:
+    """With per-peer sockets the kernel queues each peer's datagrams on the socket
+    connected to it and anyone else's on the shared one, and the engine takes and checks
+    datagrams from all of them alike."""
+    eng = Engine(0, "127.77.34.1", socket_buffer_bytes=65536)
+    peers, qps = [], []
+    try:
+        for p in (1, 2):
+            qp = eng.create_qp(p)
+            sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            sock.bind((f"127.77.34.{p + 1}", wire.ROCEV2_UDP_PORT))
+            sock.settimeout(5)
+            qp.connect(remote_qpn=0x4242, addr=sock.getsockname(), local_ip=eng.addr[0],
+                       send_psn=10, recv_psn=100, remote_va=0, remote_rkey=0)
+            peers.append(sock)
+            qps.append(qp)
+        stranger = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        stranger.bind(("127.77.34.9", wire.ROCEV2_UDP_PORT))
+        peers.append(stranger)
+        assert eng.plan_rx(2)
+        eng.open_peer_sockets()
+        assert [s.getpeername() for s in eng._rx_socks[1:]] == [p.getsockname()
+                                                                 for p in peers[:2]]
+        for i, sock in enumerate(peers):
+            sock.sendto(b"hello %d" % i, eng.addr)
+        time.sleep(0.05)
+        queued = []
+        for rx in eng._rx_socks:
+            rx.setblocking(False)
+            got = []
+            with contextlib.suppress(BlockingIOError):
+                while True:
+                    got.append(rx.recv(100))
+            queued.append(got)
+        assert queued == [[b"hello 2"], [b"hello 0"], [b"hello 1"]]
+        eng.start()
+        for i, (qp, sock) in enumerate(zip(qps, peers, strict=False)):
+            payload = bytes([i + 1]) * 300
+            sock.sendto(_write(qp.qpn, 100, qp.ring.va, qp.ring.rkey, payload,
+                               sock.getsockname()[0], eng.addr[0]), eng.addr)
+            kind, _, psn = _read_ack(sock, eng.addr[0])
+            assert kind == AethKind.ACK and psn == 100
+            assert qp.ring.buf[:300].tobytes() == payload
+        stranger.sendto(_write(0x1FF, 100, 0, 0, b"x" * 64, "127.77.34.9", eng.addr[0]),
+                        eng.addr)
+        deadline = time.monotonic() + 5
+        while not eng.drops[DropReason.BAD_QPN] and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert eng.drops[DropReason.BAD_QPN] == 1
+    finally:
+        eng.stop()
+        for sock in peers:
+            sock.close()
 
 
 def _small_buffers(comm, n: int) -> dict:
@@ -685,17 +758,20 @@ def _small_buffers(comm, n: int) -> dict:
     blocks = rng.integers(0, 1 << 30, n, dtype=np.int32)
     return {"ar": comm.allreduce(x, np.empty_like(x)), "a2a": comm.alltoall(blocks),
             "window": comm.engine.window, "rcvbuf": comm.engine.rcvbuf,
+            "per_peer": comm.engine.rx_per_peer,
             "coalesced": comm.engine.gso and comm.engine.gro,
             "naks": comm.stats().get("nak_rx", 0), "timeouts": comm.stats().get("timeouts", 0)}
 
 
 def test_send_window_fits_small_receive_buffers() -> None:
     # Buffers far smaller than a default window (as a stock kernel's rmem_max grants):
-    # every sender's window shrinks so that all of them at once fit a receiver, and large
-    # collectives complete exact with no datagram lost to a full socket (a loss shows as
-    # a sequence gap, which the receiver NAKs). Without the fit, each 1 MiB window
-    # overflows a 384 KiB buffer, and go-back-N resends it into the same buffer. (Fitted:
-    # 21 packets a sender with GSO/GRO, 12 without, above the 8 a constructor starts from.)
+    # each receiver queues each peer's datagrams on a socket of its own, every sender's
+    # window shrinks to fit one such buffer, and large collectives (the alltoall has all
+    # peers sending at once) complete exact with no datagram lost to a full socket (a
+    # loss shows as a sequence gap, which the receiver NAKs). Without the fit, each 1 MiB
+    # window overflows a 384 KiB buffer, and go-back-N resends it into the same buffer.
+    # (Fitted: 65 packets a sender with GSO/GRO, 37 without; 21 and 12 if the three
+    # senders shared one socket.)
     world, n = 4, 1 << 20
     got = all_ok(run_world(world, _small_buffers, n=n, timeout=300,
                            comm_kw={"socket_buffer_bytes": 196608, "deadline_s": 240}))
@@ -709,8 +785,9 @@ def test_send_window_fits_small_receive_buffers() -> None:
         assert np.array_equal(res["a2a"], np.concatenate(
             [ins[src][1][r * blk:(r + 1) * blk] for src in range(world)]))
         charge = engine_mod.packet_charge(4096, res["coalesced"])
-        assert res["window"] > engine_mod.MIN_WINDOW
-        assert res["window"] * (world - 1) * charge <= res["rcvbuf"]
+        assert res["per_peer"]
+        assert (world - 1) * engine_mod.MIN_WINDOW < res["window"]
+        assert res["window"] * charge <= res["rcvbuf"] * engine_mod.BUFFER_HEADROOM
         # A receiver starved past two retransmit timeouts gets a whole window twice, which
         # no fit budgets for: only a run without timeouts must be free of losses.
         assert res["naks"] == 0 or res["timeouts"] > 0, res
