@@ -231,6 +231,8 @@ class Engine:
         self.rx_per_peer = False
         """Whether each peer's datagrams queue on a socket of their own (:meth:`plan_rx`)."""
         self._rx_socks: list[socket.socket] = [self.sock]
+        self._rx_ready: select.poll | None = None  # with sockets per peer
+        self._rx_by_fd: dict[int, socket.socket] = {}
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._submitted: deque[Job] = deque()
@@ -337,6 +339,10 @@ class Engine:
                 sock.close()
                 raise
             self._rx_socks.append(sock)
+        self._rx_ready = select.poll()
+        for sock in self._rx_socks:
+            self._rx_ready.register(sock, select.POLLIN)
+            self._rx_by_fd[sock.fileno()] = sock
 
     def fit_window(self, peers: Sequence[tuple[int, bool, bool]], senders: int) -> bool:
         """Shrink the send window so that ``senders`` engines sending to one peer at once
@@ -669,9 +675,13 @@ class Engine:
 
     def _receive(self) -> bool:
         recv = self._receive_python if self.fastpath is None else self._receive_native
+        if self._rx_ready is None:
+            return recv(self.sock)
+        # Sockets per peer: one poll finds the few with datagrams, where a recvmmsg on
+        # each would mostly come back empty (a ring's receiver hears from one peer).
         got = False
-        for sock in self._rx_socks:
-            got |= recv(sock)
+        for fd, _ in self._rx_ready.poll(0):
+            got |= recv(self._rx_by_fd[fd])
         return got
 
     def _receive_python(self, sock: socket.socket) -> bool:

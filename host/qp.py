@@ -340,6 +340,8 @@ class QueuePair:
         self.epsn = recv_psn
         self.remote_va = remote_va
         self.remote_rkey = remote_rkey
+        self._ack = wire.AckSealer(self.src_ip, self.dst_ip, remote_qpn, self.local_port,
+                                   addr[1])
 
     # ---------------------------------------------------------------- requester
     def post(self, msg: Message) -> None:
@@ -854,8 +856,7 @@ class QueuePair:
 
     def send_ack(self, syndrome: int, psn: int) -> None:
         self.engine.stats["acks_tx"] += 1
-        dg = wire.ack_datagram(self.src_ip, self.dst_ip, self.remote_qpn, psn & wire.PSN_MASK,
-                               syndrome, self.msn, self.local_port, self.addr[1])
+        dg = self._ack(psn & wire.PSN_MASK, syndrome, self.msn)
         self.engine.transmit((dg,), self.addr)
 
     def flush_ack(self, now: float | None = None) -> None:

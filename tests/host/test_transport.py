@@ -94,6 +94,24 @@ def test_engine_packets_equal_the_proto_reference() -> None:
         peer.close()
 
 
+@pytest.mark.parametrize(("psn", "syndrome", "msn", "sport"), [
+    (0, wire.ACK_SYNDROME, 0, 4791),
+    (wire.PSN_MASK, aeth_syndrome(AethKind.NAK, NakCode.PSN_SEQUENCE_ERROR), 0xFFFFFF, 4791),
+    (0x123456, aeth_syndrome(AethKind.NAK, NakCode.REMOTE_ACCESS_ERROR), 77, 0xC003),
+])
+def test_acks_equal_the_proto_reference(psn: int, syndrome: int, msn: int, sport: int) -> None:
+    src, dst = "127.77.2.1", "127.77.2.2"
+    seal = wire.AckSealer(wire.ip_to_int(src), wire.ip_to_int(dst), 0x4242, sport, 4791)
+    want = build_frame(ip={"src": wire.ip_to_int(src), "dst": wire.ip_to_int(dst)},
+                       udp={"sport": sport},
+                       bth={"opcode": Opcode.ACKNOWLEDGE, "dqpn": 0x4242, "psn": psn},
+                       aeth={"syndrome": syndrome, "msn": msn})
+    for _ in range(2):  # the sealer keeps nothing of one ACK for the next
+        assert frame(src, dst, seal(psn, syndrome, msn), sport)[14:] == want[14:]
+    assert wire.ack_datagram(wire.ip_to_int(src), wire.ip_to_int(dst), 0x4242, psn, syndrome,
+                             msn, sport) == seal(psn, syndrome, msn)
+
+
 def test_write_lands_and_is_acked(engine_and_peer) -> None:
     eng, peer = engine_and_peer
     qp = eng.by_peer[1]
