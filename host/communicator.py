@@ -205,66 +205,78 @@ class Communicator:
             impair = ImpairedLink.parse(impair, seed=rank)
         self.link = impair
         self._pcap = PcapWriter(pcap) if pcap else None
-        self.engine = Engine(rank, bind_ip, mtu=mtu, slot_bytes=slot_bytes, slots=slots,
-                             rto_s=rto_s, link=impair,
-                             tap=self._pcap.tap if self._pcap else None,
-                             socket_buffer_bytes=socket_buffer_bytes)
-        rng = np.random.default_rng()
-        psn0 = {}
-        qps = {}
-        for peer in range(world_size):
-            if peer == rank:
-                continue
-            qp = self.engine.create_qp(peer)
-            psn0[peer] = (int(rng.integers(0, wire.PSN_MOD)) if initial_psn is None
-                          else initial_psn & wire.PSN_MASK)
-            qps[str(peer)] = {"qpn": qp.qpn, "psn": psn0[peer], "va": qp.ring.va,
-                              "rkey": qp.ring.rkey}
-        self.region = CollectiveRegion(self.engine, stage_bytes)
-        self.engine.plan_rx(world_size - 1)
-        info = {"ip": self.engine.addr[0], "port": self.engine.addr[1], "qps": qps,
-                "coll": self.region.info(), "backend": "software",
-                "rcvbuf": self.engine.rcvbuf, "gro": self.engine.gro,
-                "rx_per_peer": self.engine.rx_per_peer}
-        table = exchange(rank, world_size, (socket.gethostbyname(master_addr), master_port),
-                         info, rendezvous_timeout_s)
-        for peer, qp in self.engine.by_peer.items():
-            theirs = table[peer]["qps"][str(rank)]
-            qp.connect(remote_qpn=theirs["qpn"], addr=(table[peer]["ip"], table[peer]["port"]),
-                       local_ip=self.engine.addr[0], send_psn=psn0[peer],
-                       recv_psn=theirs["psn"], remote_va=theirs["va"],
-                       remote_rkey=theirs["rkey"])
-            if table[peer].get("backend") == "software":
-                qp.ack_delay = self.engine.ack_delay_s
-        self.engine.open_peer_sockets()
-        # Only software peers: a bigger send window (an HDL node's receive path has no
-        # socket buffer to absorb one).
-        if all(t.get("backend") == "software" for t in table):
-            self.engine.window = max(self.engine.window, SOFTWARE_WINDOW_BYTES // self.engine.mtu)
-        peers = [(int(t["rcvbuf"]), bool(t.get("gro")), bool(t.get("rx_per_peer")))
-                 for p, t in enumerate(table) if p != rank and "rcvbuf" in t]
-        smallest = min((b for b, _, _ in peers), default=0)
-        if self.engine.fit_window(peers, world_size - 1) and rank == 0 and \
-                smallest < 2 * socket_buffer_bytes:
-            # Smaller buffers than this rank asked for: a kernel cap (or a peer's choice).
-            warnings.warn(
-                f"fpgaccl: the smallest UDP receive buffer of the world "
-                f"({smallest // 2} bytes granted, {socket_buffer_bytes} asked "
-                f"for) holds a send window of only {self.engine.window * self.engine.mtu} "
-                "bytes per peer, which slows large collectives. The kernel grants at most "
-                f"net.core.rmem_max: `sysctl -w net.core.rmem_max={socket_buffer_bytes}`, or "
-                "CAP_NET_ADMIN, lifts that cap", RuntimeWarning, stacklevel=2)
-        self.peers = [(t["ip"], t["port"]) for t in table]
-        self.remotes = {p: CollectiveRegion.remote(table[p]["coll"])
-                        for p in range(world_size) if p != rank}
-        # Every rank cuts the same segments: from the smallest region of the world.
-        self.stage_bytes = min(int(t["coll"]["stage_bytes"]) for t in table)
-        self._coll = 0
-        self._p2p_send = [0] * world_size
-        self._p2p_recv = [0] * world_size
-        self._lock = threading.Lock()
-        self._closed = False
-        self.engine.start()
+        try:
+            self.engine = Engine(rank, bind_ip, mtu=mtu, slot_bytes=slot_bytes, slots=slots,
+                                 rto_s=rto_s, link=impair,
+                                 tap=self._pcap.tap if self._pcap else None,
+                                 socket_buffer_bytes=socket_buffer_bytes)
+        except BaseException:
+            self._close_pcap()
+            raise
+        try:
+            rng = np.random.default_rng()
+            psn0 = {}
+            qps = {}
+            for peer in range(world_size):
+                if peer == rank:
+                    continue
+                qp = self.engine.create_qp(peer)
+                psn0[peer] = (int(rng.integers(0, wire.PSN_MOD)) if initial_psn is None
+                              else initial_psn & wire.PSN_MASK)
+                qps[str(peer)] = {"qpn": qp.qpn, "psn": psn0[peer], "va": qp.ring.va,
+                                  "rkey": qp.ring.rkey}
+            self.region = CollectiveRegion(self.engine, stage_bytes)
+            self.engine.plan_rx(world_size - 1)
+            info = {"ip": self.engine.addr[0], "port": self.engine.addr[1], "qps": qps,
+                    "coll": self.region.info(), "backend": "software",
+                    "rcvbuf": self.engine.rcvbuf, "gro": self.engine.gro,
+                    "rx_per_peer": self.engine.rx_per_peer}
+            table = exchange(rank, world_size, (socket.gethostbyname(master_addr), master_port),
+                             info, rendezvous_timeout_s)
+            for peer, qp in self.engine.by_peer.items():
+                theirs = table[peer]["qps"][str(rank)]
+                qp.connect(remote_qpn=theirs["qpn"], addr=(table[peer]["ip"], table[peer]["port"]),
+                           local_ip=self.engine.addr[0], send_psn=psn0[peer],
+                           recv_psn=theirs["psn"], remote_va=theirs["va"],
+                           remote_rkey=theirs["rkey"])
+                if table[peer].get("backend") == "software":
+                    qp.ack_delay = self.engine.ack_delay_s
+            self.engine.open_peer_sockets()
+            # Only software peers: a bigger send window (an HDL node's receive path has no
+            # socket buffer to absorb one).
+            if all(t.get("backend") == "software" for t in table):
+                self.engine.window = max(self.engine.window,
+                                         SOFTWARE_WINDOW_BYTES // self.engine.mtu)
+            peers = [(int(t["rcvbuf"]), bool(t.get("gro")), bool(t.get("rx_per_peer")))
+                     for p, t in enumerate(table) if p != rank and "rcvbuf" in t]
+            smallest = min((b for b, _, _ in peers), default=0)
+            if self.engine.fit_window(peers, world_size - 1) and rank == 0 and \
+                    smallest < 2 * socket_buffer_bytes:
+                # Smaller buffers than this rank asked for: a kernel cap (or a peer's choice).
+                warnings.warn(
+                    f"fpgaccl: the smallest UDP receive buffer of the world "
+                    f"({smallest // 2} bytes granted, {socket_buffer_bytes} asked "
+                    f"for) holds a send window of only {self.engine.window * self.engine.mtu} "
+                    "bytes per peer, which slows large collectives. The kernel grants at most "
+                    f"net.core.rmem_max: `sysctl -w net.core.rmem_max={socket_buffer_bytes}`, or "
+                    "CAP_NET_ADMIN, lifts that cap", RuntimeWarning, stacklevel=2)
+            self.peers = [(t["ip"], t["port"]) for t in table]
+            self.remotes = {p: CollectiveRegion.remote(table[p]["coll"])
+                            for p in range(world_size) if p != rank}
+            # Every rank cuts the same segments: from the smallest region of the world.
+            self.stage_bytes = min(int(t["coll"]["stage_bytes"]) for t in table)
+            self._coll = 0
+            self._p2p_send = [0] * world_size
+            self._p2p_recv = [0] * world_size
+            self._lock = threading.Lock()
+            self._closed = False
+            self.engine.start()
+        except BaseException:
+            # A world that did not form: its sockets and address go back at once, so
+            # that this process may try again.
+            self.engine.stop()
+            self._close_pcap()
+            raise
 
     # ------------------------------------------------------------------ plumbing
     def _submit(self, name: str, program: alg.Program, result: Any, keep: list[UserBuffer],
@@ -776,6 +788,9 @@ class Communicator:
         if self.world_size > 1:
             self.engine.idle_for(linger)
         self.engine.stop()
+        self._close_pcap()
+
+    def _close_pcap(self) -> None:
         if self._pcap is not None:
             self._pcap.close()
 

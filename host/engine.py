@@ -199,8 +199,6 @@ class Engine:
         self._link = link  # impairment shim: (datagram parts, addr, send) -> None
         self._tap = tap  # capture hook: (src_ip, dst_addr, datagram bytes)
         self.socket_buffer_bytes = socket_buffer_bytes
-        if port:
-            self._check_port_free(bind_ip, port)
         self.sock = self._udp_socket()
         self.rcvbuf = self.sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
         """What the kernel lets this socket queue (its accounting, 2x what was granted)."""
@@ -263,23 +261,9 @@ class Engine:
         return self._native_tx
 
     # ------------------------------------------------------------------ set-up
-    @staticmethod
-    def _check_port_free(bind_ip: str, port: int) -> None:
-        """Refuse an address another socket holds. The engine's own sockets share it
-        (SO_REUSEPORT, for :meth:`open_peer_sockets`), which would let a second rank
-        bound to the same address take half of this one's datagrams unnoticed: an
-        exclusive bind first finds any holder."""
-        probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        try:
-            probe.bind((bind_ip, port))
-        except OSError as e:
-            raise _bind_error(bind_ip, port, e) from None
-        finally:
-            probe.close()
-
     def _udp_socket(self) -> socket.socket:
         """A UDP socket with the engine's buffers, forced past the kernel's cap where
-        this process may, open for its siblings on the same address."""
+        this process may."""
         sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         want = self.socket_buffer_bytes
         for opt, force in ((socket.SO_RCVBUF, SO_RCVBUFFORCE),
@@ -289,7 +273,6 @@ class Engine:
                 # Capped by rmem_max/wmem_max: a process that may, takes it anyway.
                 with contextlib.suppress(OSError):
                     sock.setsockopt(socket.SOL_SOCKET, force, want)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         return sock
 
     def create_qp(self, peer: int) -> QueuePair:
@@ -315,30 +298,47 @@ class Engine:
         a share sized for all of them sending together, which a ring never does: on a
         stock kernel without CAP_NET_ADMIN, a 4-rank ring's window triples."""
         fits = int(self.rcvbuf * BUFFER_HEADROOM) // packet_charge(self.mtu, self.gro)
-        self.rx_per_peer = peers > 1 and fits < peers * (SOFTWARE_WINDOW_BYTES // self.mtu)
+        # Bound to the wildcard address, a connected socket would take the route's source
+        # address and leave the shared one's: its peer's datagrams would not reach it.
+        self.rx_per_peer = (peers > 1 and self.addr[0] != "0.0.0.0"
+                            and fits < peers * (SOFTWARE_WINDOW_BYTES // self.mtu))
         return self.rx_per_peer
 
     def open_peer_sockets(self) -> None:
         """With :attr:`rx_per_peer`, a socket for each connected peer on this engine's
         address, connected to the peer's: the kernel queues a datagram on the socket
-        connected to its source before the shared one (one of a SO_REUSEPORT group), so
-        each peer fills a buffer of its own. Every socket's datagrams go through the same
-        checks whichever socket they came by; a peer that sends from another address (an
-        HDL node's per-QP source port) lands on the shared socket, as before."""
+        connected to its source before the shared one, so each peer fills a buffer of
+        its own. Every socket's datagrams go through the same checks whichever socket
+        they came by; a peer that sends from another address (an HDL node's per-QP
+        source port) lands on the shared socket, as before."""
         if not self.rx_per_peer:
             return
-        for qp in self.by_peer.values():
-            sock = self._udp_socket()
-            try:
+        reuse = socket.SO_REUSEPORT
+        opened: list[socket.socket] = []
+        # SO_REUSEPORT only while the sockets bind: afterwards the address is exclusive
+        # again, so a second rank bound to it by mistake is refused (EADDRINUSE) instead
+        # of taking some of this one's datagrams. Between its bind and its connect a new
+        # socket may take another peer's datagrams; they are read and checked all the same.
+        self.sock.setsockopt(socket.SOL_SOCKET, reuse, 1)
+        try:
+            for qp in self.by_peer.values():
+                sock = self._udp_socket()
+                opened.append(sock)
+                sock.setsockopt(socket.SOL_SOCKET, reuse, 1)
                 sock.bind(self.addr)
                 sock.connect(qp.addr)
                 sock.setblocking(False)
                 if self.gro:
                     sock.setsockopt(SOL_UDP, UDP_GRO, 1)
-            except OSError:
+        except OSError:
+            for sock in opened:
                 sock.close()
-                raise
-            self._rx_socks.append(sock)
+            raise
+        finally:
+            self.sock.setsockopt(socket.SOL_SOCKET, reuse, 0)
+        for sock in opened:
+            sock.setsockopt(socket.SOL_SOCKET, reuse, 0)
+        self._rx_socks.extend(opened)
         self._rx_ready = select.poll()
         for sock in self._rx_socks:
             self._rx_ready.register(sock, select.POLLIN)

@@ -324,6 +324,7 @@ class QueuePair:
         self.grants: deque[tuple[int, int]] = deque()
         self.landed: deque[tuple[int, int, int]] = deque()  # (coll_id, step, bytes)
         self.local_port = engine.addr[1]  # our UDP source port, part of the ICRC
+        self._ack: wire.AckSealer | None = None  # this QP's ACKs, once connected
         self.fastpath = getattr(engine, "fastpath", None)  # the C loops, if the engine has them
         self._ackreq = ctypes.c_uint32()
         self._ackreq_ref = ctypes.byref(self._ackreq)

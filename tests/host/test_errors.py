@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import time
 
 import numpy as np
@@ -286,3 +287,17 @@ def test_ranks_that_disagree_on_the_count_get_an_error_not_a_result(counts, dtyp
     assert all(g != "no error" for g in got), got
     assert any(g.startswith("CountMismatchError") and "same count and dtype" in g
                for g in got), got
+
+
+def test_a_world_that_does_not_form_gives_its_address_back() -> None:
+    """Rank 1 of 2 whose rank 0 never comes: the rendezvous times out, and the engine's
+    sockets are closed then, not whenever the failed object is collected, so the same
+    process can try again on the same address."""
+    from fpgaccl.errors import CollectiveTimeoutError
+    kw = {"bind_ip": "127.77.9.5", "master_port": random.randint(20000, 60000),
+          "rendezvous_timeout_s": 0.5}
+    with pytest.raises(CollectiveTimeoutError) as e:
+        Communicator(1, 2, **kw)
+    assert e.value is not None  # the failed object is still referenced from here
+    from fpgaccl.host.engine import Engine
+    Engine(1, "127.77.9.5").stop()
