@@ -64,7 +64,15 @@ def machine() -> dict[str, Any]:
     for key in ("rmem_max", "wmem_max"):
         with contextlib.suppress(OSError, ValueError):
             out[f"net_core_{key}"] = int(Path(f"/proc/sys/net/core/{key}").read_text())
+    # With CAP_NET_ADMIN the engine forces its buffers past those limits.
+    with contextlib.suppress(OSError, ValueError, StopIteration):
+        status = Path("/proc/self/status").read_text().splitlines()
+        cap_eff = next(line for line in status if line.startswith("CapEff:"))
+        out["cap_net_admin"] = bool(int(cap_eff.split()[1], 16) >> _CAP_NET_ADMIN & 1)
     return out
+
+
+_CAP_NET_ADMIN = 12  # <linux/capability.h>
 
 
 def git_rev() -> str:
