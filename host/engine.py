@@ -355,8 +355,7 @@ class Engine:
         self._fit = (list(peers), senders)
         if not peers:
             return False
-        charge = packet_charge
-        fits = min(int(rcvbuf * BUFFER_HEADROOM) // charge(self.mtu, self.gso and gro)
+        fits = min(int(rcvbuf * BUFFER_HEADROOM) // packet_charge(self.mtu, self.gso and gro)
                    // (1 if own else max(1, senders)) for rcvbuf, gro, own in peers)
         if fits >= self.window:
             return False

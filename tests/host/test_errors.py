@@ -298,6 +298,8 @@ def test_a_world_that_does_not_form_gives_its_address_back() -> None:
           "rendezvous_timeout_s": 0.5}
     with pytest.raises(CollectiveTimeoutError) as e:
         Communicator(1, 2, **kw)
-    assert e.value is not None  # the failed object is still referenced from here
+    # e's traceback still holds the failed Communicator and its engine: only a close at
+    # the failure frees the address now.
+    assert "rendezvous" in str(e.value)
     from fpgaccl.host.engine import Engine
     Engine(1, "127.77.9.5").stop()
