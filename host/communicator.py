@@ -273,8 +273,9 @@ class Communicator:
             self.engine.start()
         except BaseException:
             # A world that did not form: its sockets and address go back at once, so
-            # that this process may try again.
-            self.engine.stop()
+            # that this process may try again. The first error is the one to see.
+            with contextlib.suppress(Exception):
+                self.engine.stop()
             self._close_pcap()
             raise
 

@@ -712,17 +712,25 @@ def test_fit_window_shares_the_smallest_peer_buffer_among_senders() -> None:
 def test_plan_rx_splits_a_buffer_too_small_for_every_peers_window() -> None:
     big = Engine(0, "127.77.33.1")
     small = Engine(0, "127.77.33.2", socket_buffer_bytes=65536)
+    wild = Engine(0, "0.0.0.0", port=0, socket_buffer_bytes=65536)
     try:
         assert small.plan_rx(3) and small.rx_per_peer  # 128 KiB: not even one 1 MiB window
         assert not small.plan_rx(1)  # one peer: its own socket would change nothing
-        if big.rcvbuf >= 8 << 20:  # 4 MiB granted (forced, or a raised rmem_max)
-            assert not big.plan_rx(3) and not big.rx_per_peer  # three 1 MiB windows fit
-            assert big.plan_rx(8)  # eight do not
-        else:  # a stock kernel's cap, and no CAP_NET_ADMIN to force past it
-            assert big.plan_rx(3)
+        # 4 MiB where granted (forced, or a raised rmem_max): three 1 MiB windows fit at
+        # once, eight do not. Whatever the kernel granted, the rule is the same.
+        fits = int(big.rcvbuf * engine_mod.BUFFER_HEADROOM) // \
+            engine_mod.packet_charge(big.mtu, big.gro)
+        window = engine_mod.SOFTWARE_WINDOW_BYTES // big.mtu
+        for peers in (3, 8):
+            assert big.plan_rx(peers) == (fits < peers * window)
+        if big.rcvbuf >= 8 << 20:
+            assert not big.plan_rx(3) and big.plan_rx(8)
+        # Bound to every address, a connected socket would leave the engine's.
+        assert not wild.plan_rx(3)
     finally:
         big.stop()
         small.stop()
+        wild.stop()
 
 
 def test_each_peer_queues_on_a_socket_of_its_own() -> None:
@@ -748,6 +756,12 @@ def test_each_peer_queues_on_a_socket_of_its_own() -> None:
         eng.open_peer_sockets()
         assert [s.getpeername() for s in eng._rx_socks[1:]] == [p.getsockname()
                                                                  for p in peers[:2]]
+        # The address is the engine's alone again once its sockets are bound.
+        for reuse in (0, 1):
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as intruder:
+                intruder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, reuse)
+                with pytest.raises(OSError, match="in use"):
+                    intruder.bind(eng.addr)
         for i, sock in enumerate(peers):
             sock.sendto(b"hello %d" % i, eng.addr)
         time.sleep(0.05)
