@@ -54,6 +54,12 @@ def exchange(rank: int, world: int, master: tuple[str, int], info: dict,
     while True:
         try:
             sock = socket.create_connection(master, timeout=max(0.1, deadline - time.monotonic()))
+            if sock.getsockname() == sock.getpeername():
+                # TCP simultaneous open: with no master listening yet on a port in the
+                # ephemeral range, a connect may be given that very port as its own and
+                # join itself. It would read back its own line as the table.
+                sock.close()
+                raise ConnectionRefusedError(errno.ECONNREFUSED, "connected to itself")
             break
         except OSError:
             if time.monotonic() > deadline:
@@ -67,6 +73,11 @@ def exchange(rank: int, world: int, master: tuple[str, int], info: dict,
             table = _recv_line(sock)
         except (TimeoutError, ConnectionError) as e:
             raise CollectiveTimeoutError("rendezvous", rank, timeout_s, str(e)) from None
+    if not isinstance(table, list) or len(table) != world:
+        size = len(table) if isinstance(table, list) else "no"
+        raise InvalidArgumentError(
+            "world_size", f"rank {rank} was started in a world of {world}, but the master "
+            f"at {master[0]}:{master[1]} answered with a table of {size} ranks")
     return table
 
 
