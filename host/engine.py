@@ -71,6 +71,10 @@ _GRO_CMSG_SPACE = socket.CMSG_SPACE(_GRO_SIZE.size)
 
 
 ACK_DELAY_S = 0.002
+SEQUENCE_POLL_S = 0.002
+"""The sequencer runs when something it may wait on happened (``Engine.seq_due``: an
+ACKed message, a grant or message landed, a receive delivered, a new job) and, failing
+that, at least this often, for deadlines."""
 SOFTWARE_WINDOW_BYTES = 1 << 20
 """Send window when every peer is a software engine: three peers at once fit its 4 MiB
 socket buffer, and on a shared CPU a descheduled receiver then stalls its sender less.
@@ -235,6 +239,10 @@ class Engine:
         self._wake_r.setblocking(False)
         self._submitted: deque[Job] = deque()
         self._jobs: deque[Job] = deque()
+        self.seq_due = True
+        """Set by whatever may complete a waitable of a job; the loop then runs the
+        sequencer (most turns of a large transfer move packets that complete nothing)."""
+        self._seq_at = 0.0
         self._stop = False
         self.failed: BaseException | None = None
         self._qp_error: BaseException | None = None  # the first queue pair's failure
@@ -641,8 +649,12 @@ class Engine:
                         qp.check_timer(now, self.rto_s)
                 if self.arrivals_dirty:
                     self._match()
-                if self._submitted or self._jobs:
-                    busy |= self._sequence(now)
+                if self._submitted or (self._jobs and (self.seq_due or now >= self._seq_at)):
+                    self.seq_due = False
+                    self._seq_at = now + SEQUENCE_POLL_S
+                    if self._sequence(now):
+                        # What a job posted or yields next may be done already.
+                        self.seq_due = busy = True
                 if not busy:
                     events = poller.poll(self._poll_ms(now))
                     if not events:
@@ -855,6 +867,7 @@ class Engine:
                 else:
                     keep.append(a)
                     continue
+                self.seq_due = True
                 try:
                     self._deliver(qp, op, a)
                 except FpgacclError as e:

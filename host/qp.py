@@ -634,6 +634,7 @@ class QueuePair:
                     msg.rows = None
                 if msg.completion is not None:
                     msg.completion.finish_one()
+                    self.engine.seq_due = True
 
     def retransmit(self, now: float) -> None:
         """Go-back-N: resend every unacknowledged packet, oldest first."""
@@ -745,6 +746,7 @@ class QueuePair:
             self.msn = (self.msn + 1) & wire.MSN_MASK
             if imm >= 0 and self.w_mr is not self.ring:
                 # The collective region: COLLECTIVE_IMM, an event for the executor.
+                eng.seq_due = True
                 if imm & wire.IMM_GRANT:
                     self.grants.append((imm >> 16, imm & wire.IMM_STEP_MASK))
                 else:
