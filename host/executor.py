@@ -74,15 +74,20 @@ from fpgaccl.proto.isa import Buf, Instr, SeqOp, chunk_size
 from fpgaccl.proto.reduce import BITWISE_OPS, DType, ReduceOp, nan_fixup, reduce_reference
 
 from . import wire
+from .fold import Fold
 from .qp import ANY_QP, MemoryRegion, Message
 
 if TYPE_CHECKING:
-    from .engine import Engine
+    from .fold import Fold
+from .engine import Engine
 
 N_BUFS = len(Buf)
 _EMPTY = memoryview(b"")
 DEFAULT_STAGE_BYTES = 16 << 20
 _ALIGN = 4096
+FOLD_ON_RECEIVE = True
+"""RECV_REDUCE folds its payload into the destination as it arrives, where it can
+(host/fold.py). The result is the same bytes without; tests turn it off to show that."""
 
 
 class ProgramError(TransportError):
@@ -395,8 +400,22 @@ def _execute(engine: Engine, region: CollectiveRegion, remotes: dict[int, Remote
             continue
         if o is SeqOp.RECV or o is SeqOp.RECV_REDUCE:
             q = qp.landed
+            fold = None
             if not q:
-                yield _Head(q)
+                if o is SeqOp.RECV_REDUCE and FOLD_ON_RECEIVE and engine.fastpath is not None:
+                    n = last - first
+                    dst = bufs[ins.buf][first:last]
+                    fold = Fold.make(dtype, op, bufs[ins.src][first:last],
+                                     bufs[ins.rbuf][xoff:xoff + n], dst)
+                    if fold is not None:
+                        if engine.borrowed:
+                            _protect(engine, dst)  # written from the first packet on
+                        qp.arm_fold(fold)
+                try:
+                    yield _Head(q)
+                finally:
+                    if fold is not None:
+                        qp.disarm_fold()
             got = _take(q, coll_id, ins, rank, "message")
             if check_lengths and got[2] != (last - first) * isz:
                 raise CountMismatchError(
@@ -406,11 +425,14 @@ def _execute(engine: Engine, region: CollectiveRegion, remotes: dict[int, Remote
                     "dtype")
             if o is SeqOp.RECV_REDUCE:
                 n = last - first
-                dst = bufs[ins.buf][first:last]
-                if engine.borrowed:
-                    _protect(engine, dst)
-                reduce_into(dtype, op, bufs[ins.src][first:last],
-                            bufs[ins.rbuf][xoff:xoff + n], dst)
+                # Elements folded as they arrived are done; the rest landed in memory.
+                k = 0 if fold is None else fold.done // isz
+                if k < n:
+                    dst = bufs[ins.buf][first + k:last]
+                    if engine.borrowed:
+                        _protect(engine, dst)
+                    reduce_into(dtype, op, bufs[ins.src][first + k:last],
+                                bufs[ins.rbuf][xoff + k:xoff + n], dst)
             continue
         raise ProgramError(f"rank {rank} pc {pc}: unknown op {o!r}")
     raise ProgramError(f"rank {rank}: program ran off its end without DONE")

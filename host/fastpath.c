@@ -142,16 +142,97 @@ uint32_t fp_seal_meta(uint8_t *meta, uint32_t bth_len, const uint8_t *src, uint3
     return since;
 }
 
+/* Reduce-on-receive (the DESIGN's data flow: a RECV_REDUCE's payload goes through the
+ * reduction unit, not to memory first): out[i] = a[i] op b[i], b a received payload, a the
+ * local operand, out its destination, which may be a itself. `kind` is one of FOLD_*
+ * (fpgaccl.host.fold maps proto.reduce's dtypes and ops onto them). Float sums follow
+ * proto.reduce's NaN rule: a NaN result becomes a's NaN made quiet, else b's made quiet,
+ * else the default NaN `dflt`; `quiet` is the quiet bit. Blocks go through aligned
+ * scratch: payloads lie 4 bytes off an 8-byte boundary, and a aliases out in place. */
+#define FOLD_F32_SUM 1
+#define FOLD_F64_SUM 2
+#define FOLD_U32_SUM 3
+#define FOLD_U64_SUM 4
+#define FOLD_BLOCK 512 /* elements */
+
+typedef struct {
+    uint64_t a, out; /* addresses of element 0 of the landing's operand and destination */
+    uint64_t quiet, dflt;
+    uint32_t kind, pad;
+} fold_t;
+
+#define FOLD_SUM(NAME, T, U)                                                                 \
+    __attribute__((optimize("O3"), target_clones("avx2", "default"))) static int NAME##_add( \
+        T *restrict r, const T *restrict a, const T *restrict b, uint32_t n) {               \
+        int nan = 0;                                                                         \
+        for (uint32_t i = 0; i < n; i++) {                                                   \
+            r[i] = a[i] + b[i];                                                              \
+            nan |= r[i] != r[i];                                                             \
+        }                                                                                    \
+        return nan;                                                                          \
+    }                                                                                        \
+    static void NAME##_nans(T *r, const T *a, const T *b, uint32_t n, U quiet, U dflt) {     \
+        for (uint32_t i = 0; i < n; i++) {                                                   \
+            if (r[i] == r[i])                                                                \
+                continue;                                                                    \
+            U u = dflt;                                                                      \
+            if (a[i] != a[i])                                                                \
+                memcpy(&u, &a[i], sizeof(u)), u |= quiet;                                    \
+            else if (b[i] != b[i])                                                           \
+                memcpy(&u, &b[i], sizeof(u)), u |= quiet;                                    \
+            memcpy(&r[i], &u, sizeof(u));                                                    \
+        }                                                                                    \
+    }
+
+FOLD_SUM(f32, float, uint32_t)
+FOLD_SUM(f64, double, uint64_t)
+FOLD_SUM(u32, uint32_t, uint32_t)
+FOLD_SUM(u64, uint64_t, uint64_t)
+
+#define FOLD_BLOCKS(NAME, T, U, FLOAT)                                                       \
+    static void NAME##_fold(uint8_t *out, const uint8_t *a, const uint8_t *b, uint64_t n,    \
+                            U quiet, U dflt) {                                               \
+        T ta[FOLD_BLOCK], tb[FOLD_BLOCK], tr[FOLD_BLOCK];                                    \
+        for (uint64_t off = 0; off < n; off += sizeof(ta)) {                                 \
+            uint32_t m = (uint32_t)((n - off < sizeof(ta) ? n - off : sizeof(ta)) / sizeof(T)); \
+            memcpy(ta, a + off, m * sizeof(T));                                              \
+            memcpy(tb, b + off, m * sizeof(T));                                              \
+            if (NAME##_add(tr, ta, tb, m) && FLOAT)                                          \
+                NAME##_nans(tr, ta, tb, m, quiet, dflt);                                     \
+            memcpy(out + off, tr, m * sizeof(T));                                            \
+        }                                                                                    \
+    }
+
+FOLD_BLOCKS(f32, float, uint32_t, 1)
+FOLD_BLOCKS(f64, double, uint64_t, 1)
+FOLD_BLOCKS(u32, uint32_t, uint32_t, 0)
+FOLD_BLOCKS(u64, uint64_t, uint64_t, 0)
+
+/* out = a op b over n bytes (whole elements) as f says; the offsets are from f's a/out
+ * element 0. Returns 0, or -1 for a kind this library does not know. */
+int fp_fold(const fold_t *f, uint64_t at, const uint8_t *b, uint64_t n) {
+    uint8_t *out = (uint8_t *)(uintptr_t)(f->out + at);
+    const uint8_t *a = (const uint8_t *)(uintptr_t)(f->a + at);
+    switch (f->kind) {
+    case FOLD_F32_SUM: f32_fold(out, a, b, n, (uint32_t)f->quiet, (uint32_t)f->dflt); return 0;
+    case FOLD_F64_SUM: f64_fold(out, a, b, n, f->quiet, f->dflt); return 0;
+    case FOLD_U32_SUM: u32_fold(out, a, b, n, 0, 0); return 0;
+    case FOLD_U64_SUM: u64_fold(out, a, b, n, 0, 0); return 0;
+    }
+    return -1;
+}
+
 /* Check up to k received datagrams of seg bytes lying back to back in `buf`: take the
  * leading ones whose first 8 bytes equal `head`, whose PSN word (AckReq masked off) is
  * (epsn + i) & psn_mask, and whose ICRC is crc(state, dgram[8:seg-4]); copy each taken
  * one's payload (bytes [bth_len, seg - 4)) to dst + i * payload. A datagram that fails
  * a check is not copied, and neither is any after it. Returns how many were taken,
- * and ORs their PSN words' AckReq bits into *ackreq. */
+ * and ORs their PSN words' AckReq bits into *ackreq. With `fold`, payload i is folded at
+ * offset at + i * payload instead of copied. */
 static uint32_t take_run(const uint8_t *buf, uint32_t k, uint32_t seg, const uint8_t *head,
                          uint32_t bth_len, uint32_t epsn, uint32_t psn_mask,
                          uint32_t ackreq_bit, uint32_t state, crc_fn crc, uint8_t *dst,
-                         uint32_t *ackreq) {
+                         uint32_t *ackreq, const fold_t *fold, uint64_t at) {
     uint32_t pay = seg - bth_len - 4, acc = 0, i;
     for (i = 0; i < k; i++) {
         const uint8_t *d = buf + (uint64_t)i * seg;
@@ -160,7 +241,10 @@ static uint32_t take_run(const uint8_t *buf, uint32_t k, uint32_t seg, const uin
             break;
         if (crc(state, d + 8, seg - 12) != load_le32(d + seg - 4))
             break;
-        copy_payload(dst + (uint64_t)i * pay, d + bth_len, pay);
+        if (fold)
+            fp_fold(fold, at + (uint64_t)i * pay, d + bth_len, pay);
+        else
+            copy_payload(dst + (uint64_t)i * pay, d + bth_len, pay);
         acc |= w2;
     }
     *ackreq |= acc & ackreq_bit;
@@ -173,12 +257,15 @@ static uint32_t take_run(const uint8_t *buf, uint32_t k, uint32_t seg, const uin
  * take_run's checks against run j0's first 8 bytes, PSNs continuing from run to
  * run; at most `room` datagrams in all. Stops at the first datagram that fails.
  * Returns the datagrams taken; *whole gets how many runs were taken entirely (the run
- * after them, if any, had its first (return - their datagrams) taken). */
+ * after them, if any, had its first (return - their datagrams) taken). With `fold`, the
+ * payloads are not copied to dst but folded (fp_fold) into fold's destination, the first
+ * one at offset 0. */
 uint64_t fp_take_runs(const uint8_t *buf, uint32_t slot, uint32_t j0, uint32_t r,
                       const uint32_t *lens, const uint32_t *segs, const uint32_t *addrs,
                       const uint32_t *ports, uint32_t seg, uint32_t bth_len, uint32_t epsn,
                       uint32_t psn_mask, uint32_t ackreq_bit, uint32_t state, crc_fn crc,
-                      uint8_t *dst, uint64_t room, uint32_t *ackreq, uint32_t *whole) {
+                      uint8_t *dst, uint64_t room, uint32_t *ackreq, uint32_t *whole,
+                      const fold_t *fold) {
     const uint8_t *head = buf + (uint64_t)j0 * slot;
     uint32_t pay = seg - bth_len - 4;
     uint64_t taken = 0;
@@ -194,7 +281,7 @@ uint64_t fp_take_runs(const uint8_t *buf, uint32_t slot, uint32_t j0, uint32_t r
             k = (uint32_t)(room - taken);
         uint32_t t = take_run(buf + (uint64_t)j * slot, k, seg, head, bth_len,
                               (epsn + (uint32_t)taken) & psn_mask, psn_mask, ackreq_bit,
-                              state, crc, dst + taken * pay, ackreq);
+                              state, crc, dst + taken * pay, ackreq, fold, taken * pay);
         taken += t;
         if (t < n / seg)
             break;

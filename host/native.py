@@ -76,8 +76,12 @@ class Fastpath:
         self.take_runs = lib.fp_take_runs
         self.take_runs.argtypes = [_u8p, _u32, _u32, _u32, _u8p, _u8p, _u8p, _u8p, _u32, _u32,
                                    _u32, _u32, _u32, _u32, ctypes.c_void_p, _u8p,
-                                   ctypes.c_uint64, ctypes.POINTER(_u32), ctypes.POINTER(_u32)]
+                                   ctypes.c_uint64, ctypes.POINTER(_u32), ctypes.POINTER(_u32),
+                                   ctypes.c_void_p]
         self.take_runs.restype = ctypes.c_uint64
+        self.fold = lib.fp_fold
+        self.fold.argtypes = [ctypes.c_void_p, ctypes.c_uint64, _u8p, ctypes.c_uint64]
+        self.fold.restype = ctypes.c_int
         self.send_rows = lib.fp_send_rows
         self.send_rows.argtypes = [ctypes.c_int, _u8p, _u32, _u32, _u32,
                                    ctypes.POINTER(SockaddrIn)]

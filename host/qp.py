@@ -51,6 +51,7 @@ from . import native, wire
 
 if TYPE_CHECKING:
     from .engine import Engine
+    from .fold import Fold
 
 _FIRST_OR_ONLY = frozenset(int(o) for o in RETH_OPCODES)
 _ENDS = frozenset(int(o) for o in LAST_OPCODES | ONLY_OPCODES)
@@ -316,6 +317,8 @@ class QueuePair:
         self.ack_delay = 0.0
         self.ack_due = 0.0
         self.w_off = -1  # ring offset of the WRITE in progress, -1 when none
+        self.fold: Fold | None = None  # the RECV_REDUCE the sequencer waits on (host/fold.py)
+        self.w_fold: Fold | None = None  # the fold the WRITE in progress goes through
         self.w_len = 0
         self.w_done = 0
         self.w_mr: MemoryRegion = ring
@@ -712,6 +715,9 @@ class QueuePair:
                 # A message of ours may still need what this WRITE is about to overwrite.
                 eng.protect(mr.va + off, mr.va + off + dlen)
             self.w_off, self.w_len, self.w_done, self.w_mr = off, dlen, 0, mr
+            f = self.fold
+            self.w_fold = f if f is not None and f.land == mr.va + off and \
+                f.nbytes == dlen and f.done == 0 else None
         elif self.w_off < 0:
             # MIDDLE/LAST without a FIRST: the sequence of opcodes is broken.
             eng.drop(DropReason.ACCESS_DENIED)
@@ -760,6 +766,7 @@ class QueuePair:
                     self.arrived.append(Arrival(coll_id, step, slot, self.w_len))
                     eng.arrivals_dirty = True
             self.w_off = -1
+            self.w_fold = None
 
     def on_middle_run(self, rows: np.ndarray, seed: int) -> int:
         """``rows``: k coalesced datagrams of equal size (one per row, contiguous), the
@@ -805,9 +812,24 @@ class QueuePair:
         if room <= 0:
             return 0, 0
         state = _middle_state(seed, dqpn & wire.QPN_MASK)
+        f = self.w_fold
+        if f is not None and f.done < self.w_done:
+            # What landed in memory since (a FIRST, or packets before the fold was armed)
+            # is folded first, so that the fold stays one prefix.
+            fp.fold(f.ref, f.done, f.land + f.done, self.w_done - f.done)
+            f.done = self.w_done
+        if f is not None:
+            f.spec.a += f.done
+            f.spec.out += f.done
         taken = fp.take_runs(buf, native.SLOT_BYTES, j, r, *meta, seg, wire.BTH_LEN,
                              self.epsn, wire.PSN_MASK, wire.ACKREQ, state, fp.crc,
-                             self.w_mr.va + start, room, self._ackreq_ref, self._whole_ref)
+                             self.w_mr.va + start, room, self._ackreq_ref, self._whole_ref,
+                             None if f is None else f.ref)
+        if f is not None:
+            f.spec.a -= f.done
+            f.spec.out -= f.done
+            f.done += taken * pay
+            self.engine.stats["rx_folded"] += taken
         if taken:
             self.w_done += taken * pay
             self.epsn = (self.epsn + taken) & wire.PSN_MASK
@@ -876,6 +898,20 @@ class QueuePair:
             elif now is None or now >= self.ack_due:
                 self.ack_due = 0.0
                 self.send_ack(wire.ACK_SYNDROME, (self.epsn - 1) & wire.PSN_MASK)
+
+    def arm_fold(self, fold: Fold) -> None:
+        """Fold the WRITE that lands ``fold``'s message (host/fold.py), from its next
+        packet on, or from now on if it is in progress."""
+        self.fold = fold
+        if self.w_off >= 0 and self.w_mr.va + self.w_off == fold.land and \
+                self.w_len == fold.nbytes:
+            self.w_fold = fold  # its landed part is folded before the next packets
+
+    def disarm_fold(self) -> None:
+        """The sequencer no longer waits on the fold: nothing more goes through it."""
+        if self.w_fold is self.fold:
+            self.w_fold = None
+        self.fold = None
 
     def give_back(self, slot: int) -> None:
         """Return a consumed ring slot to the peer."""
