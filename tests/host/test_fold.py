@@ -45,19 +45,21 @@ def _specials(nt: np.dtype, rng: np.random.Generator, n: int) -> np.ndarray:
 @pytest.mark.parametrize("nt", ["float32", "float64", "int32", "uint32", "int64", "uint64"])
 @pytest.mark.parametrize("alias", [False, True], ids=["out", "in-place"])
 def test_fold_is_the_reference_bit_for_bit(fp, nt: str, alias: bool) -> None:
-    # Lengths around fp_fold's 512-element blocks; the payload 4 bytes off an 8-byte
-    # boundary, as it lies after a 12-byte BTH in the receive buffer.
+    # Lengths around fp_fold's 512-element blocks and its 256-byte vector threshold; the
+    # payload 4 bytes off an 8-byte boundary, as it lies after a 12-byte BTH in the
+    # receive buffer; the destination one element off a 32-byte boundary (the vector
+    # path's scalar head) or the operand itself.
     dt = np.dtype(nt)
     dtype = DType.from_numpy(dt)
     rng = np.random.default_rng(dt.itemsize + alias)
-    for n in (1, 7, 511, 512, 513, 1024, 1500):
+    for n in (1, 7, 63, 64, 65, 511, 512, 513, 1024, 1500):
         a = _specials(dt, rng, n)
         b = _specials(dt, rng, n)
         want = reduce_reference(dtype, ReduceOp.SUM, a, b)
         raw = np.zeros(n * dt.itemsize + 4, np.uint8)
         raw[4:] = b.view(np.uint8)
         x = a.copy()
-        out = x if alias else np.full(n, 7, dt)
+        out = x if alias else np.full(n + 8, 7, dt)[1:n + 1]
         f = Fold.make(dtype, ReduceOp.SUM, x, np.empty_like(x), out)
         assert f is not None
         assert fp.fold(f.ref, 0, raw.ctypes.data + 4, n * dt.itemsize) == 0
