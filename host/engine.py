@@ -757,9 +757,10 @@ class Engine:
             base, n, seg, sport = j * native.SLOT_BYTES, lens[j], segs[j], ports[j]
             src = socket.ntohl(addrs[j])
             start = 0
-            if seg < n and n >= 2 * seg:
+            if n >= 2 * seg or seg == n:
                 # The steady state: run after run of one WRITE's MIDDLEs, all taken by
                 # one C call; ``part`` datagrams of the run after the whole ones too.
+                # Without GRO (a link shim's datagrams, say) each run is one datagram.
                 whole, part = self._middle_runs(j, r, seg, src, sport)
                 if whole:
                     j += whole
