@@ -757,7 +757,7 @@ class Engine:
             base, n, seg, sport = j * native.SLOT_BYTES, lens[j], segs[j], ports[j]
             src = socket.ntohl(addrs[j])
             start = 0
-            if n >= 2 * seg or seg == n:
+            if (n >= 2 * seg or seg == n) and n and view[base] == _MIDDLE:
                 # The steady state: run after run of one WRITE's MIDDLEs, all taken by
                 # one C call; ``part`` datagrams of the run after the whole ones too.
                 # Without GRO (a link shim's datagrams, say) each run is one datagram.
@@ -769,9 +769,12 @@ class Engine:
                     base, n, seg, sport = j * native.SLOT_BYTES, lens[j], segs[j], ports[j]
                     src = socket.ntohl(addrs[j])
                 start = part * seg
-            for off in range(start, n, seg):
-                m = min(seg, n - off)
-                self._packet(view[base + off:base + off + m], m, src, sport, now)
+            if n <= seg:  # one datagram; an empty one too (dropped as TRUNCATED)
+                self._packet(view[base:base + n], n, src, sport, now)
+            else:
+                for off in range(start, n, seg):
+                    m = min(seg, n - off)
+                    self._packet(view[base + off:base + off + m], m, src, sport, now)
             j += 1
         return True
 

@@ -78,8 +78,7 @@ from .fold import Fold
 from .qp import ANY_QP, MemoryRegion, Message
 
 if TYPE_CHECKING:
-    from .fold import Fold
-from .engine import Engine
+    from .engine import Engine
 
 N_BUFS = len(Buf)
 _EMPTY = memoryview(b"")
@@ -402,7 +401,8 @@ def _execute(engine: Engine, region: CollectiveRegion, remotes: dict[int, Remote
             q = qp.landed
             fold = None
             if not q:
-                if o is SeqOp.RECV_REDUCE and FOLD_ON_RECEIVE and engine.fastpath is not None:
+                if (o is SeqOp.RECV_REDUCE and FOLD_ON_RECEIVE and engine.fastpath is not None
+                        and (last - first) * isz > 2 * mtu):  # else FIRST and LAST alone
                     n = last - first
                     dst = bufs[ins.buf][first:last]
                     fold = Fold.make(dtype, op, bufs[ins.src][first:last],

@@ -161,9 +161,15 @@ typedef struct {
     uint32_t kind, pad;
 } fold_t;
 
+#if defined(__x86_64__) && defined(__GNUC__)
+#define FOLD_CLONES __attribute__((optimize("O3"), target_clones("avx2", "default")))
+#else
+#define FOLD_CLONES __attribute__((optimize("O3")))
+#endif
+
 #define FOLD_SUM(NAME, T, U)                                                                 \
-    __attribute__((optimize("O3"), target_clones("avx2", "default"))) static int NAME##_add( \
-        T *restrict r, const T *restrict a, const T *restrict b, uint32_t n) {               \
+    FOLD_CLONES static int NAME##_add(T *restrict r, const T *restrict a, const T *restrict b, \
+                                      uint32_t n) {                                          \
         int nan = 0;                                                                         \
         for (uint32_t i = 0; i < n; i++) {                                                   \
             r[i] = a[i] + b[i];                                                              \
@@ -269,6 +275,7 @@ __attribute__((target("avx2"))) static void fold_avx2(const fold_t *f, uint8_t *
 }
 
 static int fold_vector = -1;
+static const uint8_t fold_size[] = {0, 4, 8, 4, 8}; /* element bytes by FOLD_* kind */
 #endif
 
 /* out = a op b over n bytes (whole elements) as f says; the offsets are from f's a/out
@@ -281,7 +288,7 @@ int fp_fold(const fold_t *f, uint64_t at, const uint8_t *b, uint64_t n) {
 #if defined(__x86_64__) && defined(__GNUC__)
     if (fold_vector < 0)
         fold_vector = __builtin_cpu_supports("avx2");
-    if (fold_vector && n >= 256) {
+    if (fold_vector && n >= 256 && (uintptr_t)out % fold_size[f->kind] == 0) {
         fold_avx2(f, out, a, b, n);
         return 0;
     }

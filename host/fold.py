@@ -79,15 +79,17 @@ class Fold:
         kind = KINDS.get((dtype, op))
         if kind is None or not (a.size == land.size == out.size > 0):
             return None
-        if not all(x.flags.c_contiguous for x in (a, land, out)):
-            return None
+        if not all(x.flags.c_contiguous and x.flags.aligned for x in (a, land, out)):
+            return None  # (fp_fold's vectors step whole elements from out's alignment)
         # fp_fold works block by block: out may be a itself (or land, for the part that
-        # landed in memory), but not overlap either at an offset.
-        o = _address(out)
-        for x in (a, land):
-            p = _address(x)
-            if p != o and p < o + out.nbytes and o < p + x.nbytes:
+        # landed in memory), but not overlap either at an offset. A folded payload never
+        # lands, so a must not overlap land at all: the reference reads a after landing.
+        o, la = _address(out), _address(land)
+        for p, size in ((_address(a), a.nbytes), (la, land.nbytes)):
+            if p != o and p < o + out.nbytes and o < p + size:
                 return None
+        if _address(a) < la + land.nbytes and la < _address(a) + a.nbytes:
+            return None
         return cls(kind, dtype, a, land, out)
 
 

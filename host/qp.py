@@ -757,6 +757,8 @@ class QueuePair:
                     self.grants.append((imm >> 16, imm & wire.IMM_STEP_MASK))
                 else:
                     self.landed.append((imm >> 16, imm & wire.IMM_STEP_MASK, self.w_len))
+                    # The message the sequencer waits on: no later WRITE may be folded.
+                    self.fold = None
             elif imm >= 0:
                 coll_id, step = wire.unpack_imm(imm)
                 slot = self.w_off // self.slot_bytes

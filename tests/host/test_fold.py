@@ -66,6 +66,19 @@ def test_fold_is_the_reference_bit_for_bit(fp, nt: str, alias: bool) -> None:
         assert out.view(np.uint8).tobytes() == want.view(np.uint8).tobytes(), (nt, n)
 
 
+def test_fold_into_a_misaligned_destination_is_still_elementwise(fp) -> None:
+    # fp_fold's vector path steps from the destination's 32-byte boundary; a destination
+    # off its elements' alignment goes the scalar way instead (Fold.make refuses such
+    # arrays, fp_fold does not rely on it).
+    raw = np.zeros(8 * 70, np.uint8)
+    out = np.frombuffer(raw.data, np.float64, 64, 4)
+    a = np.arange(64, dtype=np.float64)
+    f = Fold(KINDS[(DType.FLOAT64, ReduceOp.SUM)], DType.FLOAT64, a, a.copy(), out)
+    b = np.ones(64)
+    assert fp.fold(f.ref, 0, b.ctypes.data, b.nbytes) == 0
+    assert np.array_equal(out, a + 1)
+
+
 def test_fold_at_an_offset_touches_only_its_elements(fp) -> None:
     a = np.arange(100, dtype=np.float32)
     out = np.full(100, -1.0, np.float32)
@@ -87,6 +100,14 @@ def test_only_what_fp_fold_knows_is_folded() -> None:
     assert Fold.make(DType.FLOAT32, ReduceOp.SUM, x[:32], x[32:].copy(), x[1:33]) is None
     assert Fold.make(DType.FLOAT32, ReduceOp.SUM, x[:32], x[32:], x[:32]) is not None
     assert Fold.make(DType.FLOAT32, ReduceOp.SUM, x[:0], x[:0], x[:0]) is None
+    # a overlapping land: the reference reads a after the message landed there.
+    assert Fold.make(DType.FLOAT32, ReduceOp.SUM, x[:32], x[16:48], np.empty(32, np.float32)) \
+        is None
+    # Elements off their natural alignment (a float64 view 4 bytes into a buffer).
+    odd = np.frombuffer(np.zeros(8 * 65, np.uint8).data, np.float64, 64, 4)
+    assert not odd.flags.aligned
+    y = np.zeros(64)
+    assert Fold.make(DType.FLOAT64, ReduceOp.SUM, y, y.copy(), odd) is None
     assert set(KINDS) <= {(d, ReduceOp.SUM) for d in DType}
 
 

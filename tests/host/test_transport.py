@@ -174,6 +174,22 @@ def test_bad_icrc_and_unknown_qpn_are_dropped(engine_and_peer) -> None:
     assert not qp.ring.buf.any()
 
 
+def test_empty_and_short_datagrams_are_dropped_and_the_engine_goes_on(engine_and_peer) -> None:
+    # An empty UDP datagram once stopped the C receive loop's engine thread (a zero
+    # segment size): it and a 5-byte one are counted as TRUNCATED, and a WRITE after them
+    # still lands.
+    eng, peer = engine_and_peer
+    qp = eng.by_peer[1]
+    peer.sendto(b"", eng.addr)
+    peer.sendto(b"\x0a\x00\xff\xff\x00", eng.addr)
+    peer.sendto(_write(qp.qpn, 100, qp.ring.va, qp.ring.rkey, b"w" * 16, "127.77.1.2",
+                       "127.77.1.1"), eng.addr)
+    assert _read_ack(peer)[0] == AethKind.ACK
+    assert eng.drops[DropReason.TRUNCATED] == 2
+    assert eng.failed is None
+    assert qp.ring.buf[:16].tobytes() == b"w" * 16
+
+
 def test_bth_flags_the_icrc_covers_are_taken_as_sent(engine_and_peer) -> None:
     """SE, MigReq (a ConnectX sends MigReq = 1), another P_Key and resv7 are covered by
     the ICRC as they are on the wire: a frame the proto model accepts is taken."""
