@@ -52,9 +52,11 @@ def test_fold_is_the_reference_bit_for_bit(fp, nt: str, alias: bool) -> None:
     dt = np.dtype(nt)
     dtype = DType.from_numpy(dt)
     rng = np.random.default_rng(dt.itemsize + alias)
-    for n in (1, 7, 63, 64, 65, 511, 512, 513, 1024, 1500):
-        a = _specials(dt, rng, n)
-        b = _specials(dt, rng, n)
+    cases = [(n, _specials(dt, rng, n), _specials(dt, rng, n))
+             for n in (1, 7, 63, 64, 65, 511, 512, 513, 1024, 1500)]
+    if dt.kind == "f":  # every element inf - inf: the default NaN
+        cases += [(n, np.full(n, np.inf, dt), np.full(n, -np.inf, dt)) for n in (7, 100)]
+    for n, a, b in cases:
         want = reduce_reference(dtype, ReduceOp.SUM, a, b)
         raw = np.zeros(n * dt.itemsize + 4, np.uint8)
         raw[4:] = b.view(np.uint8)
