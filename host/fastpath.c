@@ -226,32 +226,24 @@ static void fold_scalar(const fold_t *f, uint8_t *out, const uint8_t *a, const u
 
 /* fold_scalar for a few bytes (the AVX2 fold's head and tail, at most 28): element by
  * element, without the block scratch that costs more than the work here. */
-#define FOLD_FEW(T, U, FLOAT)                                                                \
+#define FOLD_FEW(NAME, T, U, FLOAT)                                                          \
     for (uint64_t i = 0; i < n; i += sizeof(T)) {                                            \
         T x, y, r;                                                                           \
         memcpy(&x, a + i, sizeof(T));                                                        \
         memcpy(&y, b + i, sizeof(T));                                                        \
         r = x + y;                                                                           \
         if (FLOAT && r != r)                                                                 \
-            NAME_NANS(&r, &x, &y, 1, (U)f->quiet, (U)f->dflt);                               \
+            NAME##_nans(&r, &x, &y, 1, (U)f->quiet, (U)f->dflt);                             \
         memcpy(out + i, &r, sizeof(T));                                                      \
     }
 
 static void fold_few(const fold_t *f, uint8_t *out, const uint8_t *a, const uint8_t *b,
                      uint64_t n) {
     switch (f->kind) {
-#define NAME_NANS f32_nans
-    case FOLD_F32_SUM: FOLD_FEW(float, uint32_t, 1) break;
-#undef NAME_NANS
-#define NAME_NANS f64_nans
-    case FOLD_F64_SUM: FOLD_FEW(double, uint64_t, 1) break;
-#undef NAME_NANS
-#define NAME_NANS u32_nans
-    case FOLD_U32_SUM: FOLD_FEW(uint32_t, uint32_t, 0) break;
-#undef NAME_NANS
-#define NAME_NANS u64_nans
-    case FOLD_U64_SUM: FOLD_FEW(uint64_t, uint64_t, 0) break;
-#undef NAME_NANS
+    case FOLD_F32_SUM: FOLD_FEW(f32, float, uint32_t, 1) break;
+    case FOLD_F64_SUM: FOLD_FEW(f64, double, uint64_t, 1) break;
+    case FOLD_U32_SUM: FOLD_FEW(u32, uint32_t, uint32_t, 0) break;
+    case FOLD_U64_SUM: FOLD_FEW(u64, uint64_t, uint64_t, 0) break;
     }
 }
 
