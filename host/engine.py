@@ -235,7 +235,11 @@ class Engine:
         self._rx_socks: list[socket.socket] = [self.sock]
         self._rx_ready: select.poll | None = None  # with sockets per peer
         self._rx_by_fd: dict[int, socket.socket] = {}
-        self._wake_r, self._wake_w = socket.socketpair()
+        try:
+            self._wake_r, self._wake_w = socket.socketpair()
+        except OSError:
+            self.sock.close()  # (EMFILE, say): the address must not stay bound
+            raise
         self._wake_r.setblocking(False)
         self._submitted: deque[Job] = deque()
         self._jobs: deque[Job] = deque()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import socket
 import struct
 import threading
@@ -172,6 +173,21 @@ def test_bad_icrc_and_unknown_qpn_are_dropped(engine_and_peer) -> None:
     assert eng.drops[DropReason.BAD_ICRC] == 1
     assert eng.drops[DropReason.BAD_QPN] == 1
     assert not qp.ring.buf.any()
+
+
+def test_an_engine_that_fails_after_binding_leaves_the_address_free(monkeypatch) -> None:
+    def no_fds():
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    monkeypatch.setattr(socket, "socketpair", no_fds)
+    with pytest.raises(OSError, match="Too many open files") as failed:
+        Engine(0, "127.77.21.1", port=4791)
+    monkeypatch.undo()
+    # The caller still holds the error (and through its traceback the half-built engine),
+    # yet the address is free: the engine closed its socket before raising.
+    assert failed.value is not None
+    eng = Engine(0, "127.77.21.1", port=4791)
+    eng.sock.close()
 
 
 def test_empty_and_short_datagrams_are_dropped_and_the_engine_goes_on(engine_and_peer) -> None:
