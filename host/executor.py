@@ -28,7 +28,10 @@ reference) and of ``hw/sequencer`` + ``hw/datapath/router.py``:
   not a result from stale memory); RECV_REDUCE then computes ``buf[span] = op(src[span],
   rbuf[xchunk*cs : +len])`` with :func:`reduce_into`, bit-exact with
   :func:`fpgaccl.proto.reduce.reduce_reference` (the HDL reduce unit's definition),
-  vectorised over the whole span.
+  vectorised over the whole span. Where the C fast path can, the reduction happens as
+  the message arrives instead (``FOLD_ON_RECEIVE``, :mod:`fpgaccl.host.fold`): a
+  RECV_REDUCE that waits arms a fold, the checked MIDDLEs are added straight from the
+  receive buffer into ``buf[span]``, and only what landed in ``rbuf`` is reduced here.
 * DONE: the program ends (sends may still be awaiting their ACKs: the transport keeps
   retransmitting them, from snapshots or the copies taken at the end).
 
