@@ -357,13 +357,13 @@ static uint32_t take_run(const uint8_t *buf, uint32_t k, uint32_t seg, const uin
  * Returns the datagrams taken; *whole gets how many runs were taken entirely (the run
  * after them, if any, had its first (return - their datagrams) taken). With `fold`, the
  * payloads are not copied to dst but folded (fp_fold) into fold's destination, the first
- * one at offset 0. */
+ * one at offset fold_at. */
 uint64_t fp_take_runs(const uint8_t *buf, uint32_t slot, uint32_t j0, uint32_t r,
                       const uint32_t *lens, const uint32_t *segs, const uint32_t *addrs,
                       const uint32_t *ports, uint32_t seg, uint32_t bth_len, uint32_t epsn,
                       uint32_t psn_mask, uint32_t ackreq_bit, uint32_t state, crc_fn crc,
                       uint8_t *dst, uint64_t room, uint32_t *ackreq, uint32_t *whole,
-                      const fold_t *fold) {
+                      const fold_t *fold, uint64_t fold_at) {
     const uint8_t *head = buf + (uint64_t)j0 * slot;
     uint32_t pay = seg - bth_len - 4;
     uint64_t taken = 0;
@@ -379,7 +379,7 @@ uint64_t fp_take_runs(const uint8_t *buf, uint32_t slot, uint32_t j0, uint32_t r
             k = (uint32_t)(room - taken);
         uint32_t t = take_run(buf + (uint64_t)j * slot, k, seg, head, bth_len,
                               (epsn + (uint32_t)taken) & psn_mask, psn_mask, ackreq_bit,
-                              state, crc, dst + taken * pay, ackreq, fold, taken * pay);
+                              state, crc, dst + taken * pay, ackreq, fold, fold_at + taken * pay);
         taken += t;
         if (t < n / seg)
             break;

@@ -77,7 +77,7 @@ class Fastpath:
         self.take_runs.argtypes = [_u8p, _u32, _u32, _u32, _u8p, _u8p, _u8p, _u8p, _u32, _u32,
                                    _u32, _u32, _u32, _u32, ctypes.c_void_p, _u8p,
                                    ctypes.c_uint64, ctypes.POINTER(_u32), ctypes.POINTER(_u32),
-                                   ctypes.c_void_p]
+                                   ctypes.c_void_p, ctypes.c_uint64]
         self.take_runs.restype = ctypes.c_uint64
         self.fold = lib.fp_fold
         self.fold.argtypes = [ctypes.c_void_p, ctypes.c_uint64, _u8p, ctypes.c_uint64]

@@ -820,16 +820,11 @@ class QueuePair:
             # is folded first, so that the fold stays one prefix.
             fp.fold(f.ref, f.done, f.land + f.done, self.w_done - f.done)
             f.done = self.w_done
-        if f is not None:
-            f.spec.a += f.done
-            f.spec.out += f.done
         taken = fp.take_runs(buf, native.SLOT_BYTES, j, r, *meta, seg, wire.BTH_LEN,
                              self.epsn, wire.PSN_MASK, wire.ACKREQ, state, fp.crc,
                              self.w_mr.va + start, room, self._ackreq_ref, self._whole_ref,
-                             None if f is None else f.ref)
+                             None if f is None else f.ref, 0 if f is None else f.done)
         if f is not None:
-            f.spec.a -= f.done
-            f.spec.out -= f.done
             f.done += taken * pay
             self.engine.stats["rx_folded"] += taken
         if taken:

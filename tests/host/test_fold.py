@@ -140,13 +140,11 @@ def test_take_runs_folds_checked_payloads_and_lands_nothing(fp) -> None:
     land = np.full(k * mtu + mtu, 0xAA, np.uint8)
     # The message's first packet (its FIRST) lies at offset 0; these MIDDLEs follow it.
     f = Fold.make(DType.FLOAT32, ReduceOp.SUM, a, land.view(np.float32), out)
-    f.spec.a += mtu
-    f.spec.out += mtu
     ackreq, whole = ctypes.c_uint32(), ctypes.c_uint32()
     taken = fp.take_runs(buf.ctypes.data, native.SLOT_BYTES, 0, 1,
                          *(int(m.ctypes.data) for m in meta), seg, wire.BTH_LEN, psn0,
                          wire.PSN_MASK, wire.ACKREQ, state, fp.crc, land.ctypes.data + mtu,
-                         100, ctypes.byref(ackreq), ctypes.byref(whole), f.ref)
+                         100, ctypes.byref(ackreq), ctypes.byref(whole), f.ref, mtu)
     assert (taken, whole.value) == (4, 0)
     want = a[per:5 * per] + payloads[:4].reshape(-1)
     assert np.array_equal(out[per:5 * per], want)

@@ -129,7 +129,7 @@ def test_take_runs_lands_payloads_exactly_at_any_alignment(shift: int) -> None:
     taken = fp.take_runs(buf.ctypes.data, native.SLOT_BYTES, 0, 2,
                          *(int(m.ctypes.data) for m in meta), seg, wire.BTH_LEN, psn0,
                          wire.PSN_MASK, wire.ACKREQ, state, fp.crc, dst.ctypes.data + shift,
-                         100, ctypes.byref(ackreq), ctypes.byref(whole), None)
+                         100, ctypes.byref(ackreq), ctypes.byref(whole), None, 0)
     assert (taken, whole.value) == (9, 1)
     assert ackreq.value == wire.ACKREQ
     assert np.array_equal(dst[shift:shift + 9 * mtu], payloads[:9].reshape(-1))
