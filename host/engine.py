@@ -785,10 +785,10 @@ class Engine:
     def _middle_runs(self, j: int, r: int, seg: int, src: int, sport: int) -> tuple[int, int]:
         """:meth:`_middle_run` for the received runs j, j + 1, ... of a batch at once
         (``fp_take_runs``): how many runs were taken whole, and how many datagrams of
-        the run after them."""
+        the run after them. Run j starts with a MIDDLE opcode (the caller checks)."""
         base = j * native.SLOT_BYTES
         run = self._rxarr[base:base + 12]
-        if seg <= wire.BTH_LEN + wire.ICRC_LEN or run[0] != _MIDDLE or run[1]:
+        if seg <= wire.BTH_LEN + wire.ICRC_LEN or run[1]:
             return 0, 0
         _, _, _, dqpn, _ = wire.BTH_FMT.unpack_from(run)
         qp = self.qps.get(dqpn & wire.QPN_MASK)

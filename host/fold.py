@@ -71,6 +71,11 @@ class Fold:
         self.nbytes = land.nbytes
         self.done = 0
 
+    def lands_at(self, addr: int, nbytes: int) -> bool:
+        """Whether a WRITE of ``nbytes`` to ``addr`` is this fold's message, not yet
+        folded into."""
+        return self.done == 0 and self.land == addr and self.nbytes == nbytes
+
     @classmethod
     def make(cls, dtype: DType, op: ReduceOp, a: np.ndarray, land: np.ndarray,
              out: np.ndarray) -> Fold | None:
@@ -84,11 +89,10 @@ class Fold:
         # fp_fold works block by block: out may be a itself (or land, for the part that
         # landed in memory), but not overlap either at an offset. A folded payload never
         # lands, so a must not overlap land at all: the reference reads a after landing.
-        o, la = _address(out), _address(land)
-        for p, size in ((_address(a), a.nbytes), (la, land.nbytes)):
-            if p != o and p < o + out.nbytes and o < p + size:
-                return None
-        if _address(a) < la + land.nbytes and la < _address(a) + a.nbytes:
+        o = _address(out)
+        if any(np.may_share_memory(x, out) and _address(x) != o for x in (a, land)):
+            return None
+        if np.may_share_memory(a, land):
             return None
         return cls(kind, dtype, a, land, out)
 

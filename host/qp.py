@@ -716,8 +716,7 @@ class QueuePair:
                 eng.protect(mr.va + off, mr.va + off + dlen)
             self.w_off, self.w_len, self.w_done, self.w_mr = off, dlen, 0, mr
             f = self.fold
-            self.w_fold = f if f is not None and f.land == mr.va + off and \
-                f.nbytes == dlen and f.done == 0 else None
+            self.w_fold = f if f is not None and f.lands_at(mr.va + off, dlen) else None
         elif self.w_off < 0:
             # MIDDLE/LAST without a FIRST: the sequence of opcodes is broken.
             eng.drop(DropReason.ACCESS_DENIED)
@@ -900,8 +899,7 @@ class QueuePair:
         """Fold the WRITE that lands ``fold``'s message (host/fold.py), from its next
         packet on, or from now on if it is in progress."""
         self.fold = fold
-        if self.w_off >= 0 and self.w_mr.va + self.w_off == fold.land and \
-                self.w_len == fold.nbytes:
+        if self.w_off >= 0 and fold.lands_at(self.w_mr.va + self.w_off, self.w_len):
             self.w_fold = fold  # its landed part is folded before the next packets
 
     def disarm_fold(self) -> None:
