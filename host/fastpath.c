@@ -557,3 +557,296 @@ int fp_recv_batch(int fd, uint8_t *buf, uint32_t slot, uint32_t nmax, uint32_t *
     }
     return r;
 }
+
+/* ------------------------------------------------------------------ the steady state
+ * fp_bulk runs the engine's loop while a large transfer is in its steady state: one queue
+ * pair receiving the MIDDLEs of a WRITE (checked, landed or folded, ACKed where they ask)
+ * and one sending the MIDDLEs of a borrowed message within its window (sealed in place,
+ * gathered by the kernel, its plain ACKs taken). Everything else -- a FIRST or LAST, a
+ * NAK, a datagram that fails a check, another queue pair's traffic, a timer, a message
+ * the sequencer waits on being ACKed, a wake-up from the caller's thread -- ends the call,
+ * and the engine's Python loop goes on where this one stopped, so every protocol decision
+ * beyond those two paths stays in one place. The fields are fpgaccl.host.native.Bulk's. */
+#include <poll.h>
+#include <sched.h>
+#include <time.h>
+
+#define BULK_FDS 16
+
+enum { BULK_WAKE = 1, BULK_TIMER, BULK_BATCH, BULK_TX_DONE, BULK_ACKED, BULK_RX_ERROR,
+       BULK_TX_ERROR };
+
+typedef struct {
+    int32_t tx_fd, wake_fd, nfds, pad0;
+    int32_t fds[BULK_FDS];
+    uint64_t rxbuf, lens, segs, addrs, ports; /* the engine's receive batch */
+    uint32_t slot, nslots;
+    uint32_t bth_len, psn_mask, ackreq_bit, ack_kind, syn_shift, mtu;
+    uint64_t crc;
+    double deadline;  /* CLOCK_MONOTONIC seconds: the engine's next timer */
+    double rto;       /* the sending side's retransmit timeout */
+    uint64_t yields;  /* sched_yield()s before sleeping in poll */
+    /* receive side */
+    uint32_t rx_on, rx_seg, rx_addr, rx_port;
+    uint8_t rx_head[8];
+    uint32_t rx_state, epsn;
+    uint64_t rx_dst, rx_room, fold, fold_at;
+    uint8_t ack_head[8];
+    uint32_t ack_state, aeth;
+    struct sockaddr_in ack_dst;
+    /* send side */
+    uint32_t tx_on, per;
+    uint8_t tx_head[8];
+    uint32_t tx_state, next_psn, inflight, window, since, half;
+    uint64_t src, k_left, meta, sealed, sent;
+    struct sockaddr_in tx_dst;
+    uint8_t peer_ack_head[8];
+    uint32_t peer_ack_state, notify_on, notify_psn, acked, acked_psn, pad1;
+    double last_progress;
+    /* results */
+    uint32_t stop, fd_index, r, j, part, pad2;
+    uint64_t rx_taken, acks_tx, acks_rx;
+    int64_t err;
+} bulk_t;
+
+static double monotonic_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+/* a - b as a signed distance in PSN space (psn_mask + 1 a power of two). */
+static int32_t psn_dist(uint32_t a, uint32_t b, uint32_t psn_mask) {
+    uint32_t d = (a - b) & psn_mask, half = (psn_mask >> 1) + 1;
+    return d >= half ? (int32_t)d - (int32_t)(psn_mask + 1) : (int32_t)d;
+}
+
+/* Seal and send the MIDDLEs the window allows. 0, or -1 with b->err when the kernel
+ * refused some (they are sealed and counted in b->sealed, not in b->sent). */
+static int bulk_send(bulk_t *b, double now) {
+    uint32_t row = b->bth_len + 4;
+    crc_fn crc = (crc_fn)(uintptr_t)b->crc;
+    while (b->k_left && b->inflight < b->window) {
+        uint64_t k = b->window - b->inflight;
+        if (k > b->k_left)
+            k = b->k_left;
+        uint8_t *meta = (uint8_t *)(uintptr_t)b->meta + b->sealed * row;
+        const uint8_t *src = (const uint8_t *)(uintptr_t)b->src;
+        b->since = fp_seal_meta(meta, b->bth_len, src, (uint32_t)k, b->mtu, b->tx_head,
+                                b->next_psn, b->psn_mask, b->ackreq_bit, b->since, b->half,
+                                b->tx_state, crc);
+        if (!b->inflight)
+            b->last_progress = now; /* the retransmit timer starts with the first unACKed */
+        b->sealed += k;
+        b->inflight += (uint32_t)k;
+        b->next_psn = (b->next_psn + (uint32_t)k) & b->psn_mask;
+        b->src += k * b->mtu;
+        b->k_left -= k;
+        uint64_t done = 0;
+        for (int tries = 0; done < k && tries < 1000; tries++) {
+            int64_t s = fp_send_gather(b->tx_fd, meta + done * row, b->bth_len,
+                                       src + done * b->mtu, (uint32_t)(k - done), b->mtu,
+                                       b->per, &b->tx_dst);
+            if (s < 0) {
+                if (s == -ECONNREFUSED || s == -EHOSTUNREACH || s == -ENETUNREACH) {
+                    done = k; /* the peer is gone: its timeout will surface */
+                    break;
+                }
+                b->err = s;
+                return -1;
+            }
+            done += (uint64_t)s;
+            if (done < k) {
+                struct pollfd p = {.fd = b->tx_fd, .events = POLLOUT};
+                poll(&p, 1, 10);
+            }
+        }
+        b->sent += done;
+        if (done < k) {
+            b->err = -EAGAIN;
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static void bulk_ack(bulk_t *b) {
+    uint8_t d[20];
+    crc_fn crc = (crc_fn)(uintptr_t)b->crc;
+    memcpy(d, b->ack_head, 8);
+    store_be32(d + 8, (b->epsn - 1) & b->psn_mask);
+    store_be32(d + 12, b->aeth);
+    store_le32(d + 16, crc(b->ack_state, d + 8, 8));
+    int r;
+    do {
+        r = (int)sendto(b->tx_fd, d, sizeof(d), MSG_DONTWAIT, (const struct sockaddr *)&b->ack_dst,
+                        sizeof(b->ack_dst));
+    } while (r < 0 && errno == EINTR);
+    b->acks_tx++; /* a lost ACK is a later one's job, or the sender's timer's */
+}
+
+/* A plain ACK from the sending side's peer: 1 if taken, 0 if it is Python's. */
+static int bulk_take_ack(bulk_t *b, const uint8_t *d, double now) {
+    crc_fn crc = (crc_fn)(uintptr_t)b->crc;
+    if (memcmp(d, b->peer_ack_head, 8) != 0 || crc(b->peer_ack_state, d + 8, 8) != load_le32(d + 16))
+        return 0;
+    uint32_t aeth = load_be32(d + 12);
+    if (((aeth >> b->syn_shift) >> 5 & 3) != b->ack_kind)
+        return 0; /* a NAK or an RNR: the queue pair's decision */
+    uint32_t psn = load_be32(d + 8) & b->psn_mask;
+    uint32_t oldest = (b->next_psn - b->inflight) & b->psn_mask;
+    int32_t n = psn_dist(psn, oldest, b->psn_mask) + 1;
+    if (n > (int32_t)b->inflight)
+        n = (int32_t)b->inflight;
+    b->acks_rx++;
+    if (n > 0) {
+        b->inflight -= (uint32_t)n;
+        b->last_progress = now;
+        b->acked = 1;
+        b->acked_psn = psn;
+    }
+    return 1;
+}
+
+/* Take what this call may of receive batch entries [0, r): 1 when a datagram is left for
+ * Python (b->j, b->part), else 0. */
+static int bulk_batch(bulk_t *b, uint32_t r, double now, uint32_t *ackreq) {
+    const uint8_t *buf = (const uint8_t *)(uintptr_t)b->rxbuf;
+    const uint32_t *lens = (const uint32_t *)(uintptr_t)b->lens;
+    const uint32_t *segs = (const uint32_t *)(uintptr_t)b->segs;
+    const uint32_t *addrs = (const uint32_t *)(uintptr_t)b->addrs;
+    const uint32_t *ports = (const uint32_t *)(uintptr_t)b->ports;
+    crc_fn crc = (crc_fn)(uintptr_t)b->crc;
+    uint32_t pay = b->rx_seg - b->bth_len - 4;
+    for (uint32_t j = 0; j < r; j++) {
+        const uint8_t *run = buf + (uint64_t)j * b->slot;
+        uint32_t n = lens[j], seg = segs[j] < n ? segs[j] : n;
+        uint32_t k = seg ? n / seg : 0, i = 0;
+        while (i < k) {
+            const uint8_t *d = run + (uint64_t)i * seg;
+            if (b->rx_on && seg == b->rx_seg && addrs[j] == b->rx_addr &&
+                ports[j] == b->rx_port && b->rx_room) {
+                uint32_t m = k - i;
+                if (m > b->rx_room)
+                    m = (uint32_t)b->rx_room;
+                uint32_t t = take_run(d, m, seg, b->rx_head, b->bth_len, b->epsn, b->psn_mask,
+                                      b->ackreq_bit, b->rx_state, crc,
+                                      (uint8_t *)(uintptr_t)b->rx_dst, ackreq,
+                                      (const fold_t *)(uintptr_t)b->fold, b->fold_at);
+                if (t) {
+                    b->epsn = (b->epsn + t) & b->psn_mask;
+                    b->rx_dst += (uint64_t)t * pay;
+                    b->fold_at += (uint64_t)t * pay;
+                    b->rx_room -= t;
+                    b->rx_taken += t;
+                    i += t;
+                    continue;
+                }
+            }
+            if (b->tx_on && seg == b->bth_len + 8 && addrs[j] == b->tx_dst.sin_addr.s_addr &&
+                ports[j] == ntohs(b->tx_dst.sin_port) && bulk_take_ack(b, d, now)) {
+                i++;
+                continue;
+            }
+            break;
+        }
+        if (i < k || n % (seg ? seg : 1) || !n) {
+            b->j = j;
+            b->part = i;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* Run the steady state until something needs the engine's Python loop (b->stop says
+ * what). Returns b->stop. */
+int fp_bulk(bulk_t *b) {
+    b->stop = b->fd_index = b->r = b->j = b->part = 0;
+    b->rx_taken = b->acks_tx = b->acks_rx = b->sealed = b->sent = 0;
+    b->acked = 0;
+    b->err = 0;
+    struct pollfd p[BULK_FDS + 1];
+    uint32_t nf = (uint32_t)b->nfds;
+    for (uint32_t f = 0; f < nf; f++)
+        p[f] = (struct pollfd){.fd = b->fds[f], .events = POLLIN};
+    p[nf] = (struct pollfd){.fd = b->wake_fd, .events = POLLIN};
+    uint64_t idle = 0;
+    for (;;) {
+        double now = monotonic_s(), until = b->deadline;
+        if (b->tx_on && b->inflight && b->last_progress + b->rto < until)
+            until = b->last_progress + b->rto;
+        if (now >= until) {
+            b->stop = BULK_TIMER;
+            break;
+        }
+        if (b->tx_on) {
+            if (bulk_send(b, now) < 0) {
+                b->stop = BULK_TX_ERROR;
+                break;
+            }
+            if (!b->k_left) {
+                b->stop = BULK_TX_DONE; /* the LAST is the queue pair's to build */
+                break;
+            }
+        }
+        int got = 0;
+        for (uint32_t f = 0; f < nf && !b->stop; f++) {
+            int r;
+            do {
+                r = fp_recv_batch(b->fds[f], (uint8_t *)(uintptr_t)b->rxbuf, b->slot, b->nslots,
+                                  (uint32_t *)(uintptr_t)b->lens, (uint32_t *)(uintptr_t)b->segs,
+                                  (uint32_t *)(uintptr_t)b->addrs, (uint32_t *)(uintptr_t)b->ports);
+            } while (r == -ECONNREFUSED); /* an ICMP error queued on the socket: read on */
+            if (r < 0) {
+                b->err = r;
+                b->stop = BULK_RX_ERROR;
+                break;
+            }
+            if (!r)
+                continue;
+            got = 1;
+            uint32_t ackreq = 0;
+            int left = bulk_batch(b, (uint32_t)r, now, &ackreq);
+            copy_fence();
+            if (ackreq)
+                bulk_ack(b);
+            if (left) {
+                b->stop = BULK_BATCH;
+                b->fd_index = f;
+                b->r = (uint32_t)r;
+            } else if (b->notify_on && b->acked &&
+                       psn_dist(b->acked_psn, b->notify_psn, b->psn_mask) >= 0) {
+                b->stop = BULK_ACKED; /* a message is ACKed whole: the sequencer may go on */
+            }
+        }
+        if (b->stop)
+            break;
+        if (got) {
+            idle = 0;
+            continue;
+        }
+        if (idle++ < b->yields) {
+            /* On a shared CPU the peer often runs now, and its datagrams are here
+             * without a sleep and a wake-up, which cost both sides system time. */
+            sched_yield();
+            continue;
+        }
+        idle = 0;
+        int ms = (int)((until - now) * 1000.0) + 1;
+        int n = poll(p, nf + 1, ms);
+        if (n < 0 && errno != EINTR) {
+            b->err = -errno;
+            b->stop = BULK_RX_ERROR;
+            break;
+        }
+        if (n > 0 && p[nf].revents) {
+            b->stop = BULK_WAKE;
+            break;
+        }
+    }
+    return (int)b->stop;
+}
+
+/* sizeof(bulk_t), checked against the ctypes mirror at load. */
+uint32_t fp_bulk_size(void) { return (uint32_t)sizeof(bulk_t); }

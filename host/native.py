@@ -54,6 +54,46 @@ def sockaddr(addr: tuple[str, int]) -> SockaddrIn:
                       int.from_bytes(socket.inet_aton(addr[0]), "little"))
 
 
+_u64 = ctypes.c_uint64
+_MAC8 = ctypes.c_uint8 * 8
+
+
+class Bulk(ctypes.Structure):
+    """``bulk_t`` of ``fastpath.c``: what :func:`fp_bulk` is given and gives back (the
+    engine's ``_bulk`` fills and reads it; see ``fastpath.c`` for each field)."""
+
+    _fields_ = [
+        ("tx_fd", ctypes.c_int32), ("wake_fd", ctypes.c_int32), ("nfds", ctypes.c_int32),
+        ("pad0", ctypes.c_int32), ("fds", ctypes.c_int32 * 16),
+        ("rxbuf", _u64), ("lens", _u64), ("segs", _u64), ("addrs", _u64), ("ports", _u64),
+        ("slot", _u32), ("nslots", _u32),
+        ("bth_len", _u32), ("psn_mask", _u32), ("ackreq_bit", _u32), ("ack_kind", _u32),
+        ("syn_shift", _u32), ("mtu", _u32),
+        ("crc", _u64), ("deadline", ctypes.c_double), ("rto", ctypes.c_double),
+        ("yields", _u64),
+        ("rx_on", _u32), ("rx_seg", _u32), ("rx_addr", _u32), ("rx_port", _u32),
+        ("rx_head", _MAC8), ("rx_state", _u32), ("epsn", _u32),
+        ("rx_dst", _u64), ("rx_room", _u64), ("fold", _u64), ("fold_at", _u64),
+        ("ack_head", _MAC8), ("ack_state", _u32), ("aeth", _u32), ("ack_dst", SockaddrIn),
+        ("tx_on", _u32), ("per", _u32), ("tx_head", _MAC8),
+        ("tx_state", _u32), ("next_psn", _u32), ("inflight", _u32), ("window", _u32),
+        ("since", _u32), ("half", _u32),
+        ("src", _u64), ("k_left", _u64), ("meta", _u64), ("sealed", _u64), ("sent", _u64),
+        ("tx_dst", SockaddrIn), ("peer_ack_head", _MAC8),
+        ("peer_ack_state", _u32), ("notify_on", _u32), ("notify_psn", _u32),
+        ("acked", _u32), ("acked_psn", _u32), ("pad1", _u32),
+        ("last_progress", ctypes.c_double),
+        ("stop", _u32), ("fd_index", _u32), ("r", _u32), ("j", _u32), ("part", _u32),
+        ("pad2", _u32),
+        ("rx_taken", _u64), ("acks_tx", _u64), ("acks_rx", _u64), ("err", ctypes.c_int64),
+    ]
+
+
+BULK_FDS = 16
+BULK_WAKE, BULK_TIMER, BULK_BATCH, BULK_TX_DONE, BULK_ACKED, BULK_RX_ERROR, BULK_TX_ERROR = \
+    range(1, 8)
+
+
 class Fastpath:
     """Typed entry points of the loaded library (see ``fastpath.c`` for each contract)."""
 
@@ -89,6 +129,13 @@ class Fastpath:
         self.recv_batch = lib.fp_recv_batch
         self.recv_batch.argtypes = [ctypes.c_int, _u8p, _u32, _u32, _u8p, _u8p, _u8p, _u8p]
         self.recv_batch.restype = ctypes.c_int
+        self.bulk = lib.fp_bulk
+        self.bulk.argtypes = [ctypes.POINTER(Bulk)]
+        self.bulk.restype = ctypes.c_int
+        size = lib.fp_bulk_size
+        size.restype = _u32
+        if size() != ctypes.sizeof(Bulk):
+            raise OSError(f"bulk_t is {size()} bytes, its ctypes mirror {ctypes.sizeof(Bulk)}")
 
 
 def _crc_function() -> tuple[ctypes.c_void_p, str] | None:
@@ -168,4 +215,5 @@ def load() -> Fastpath | None:
     return lib
 
 
-__all__ = ["BATCH", "SLOT_BYTES", "Fastpath", "SockaddrIn", "load", "reason", "sockaddr"]
+__all__ = ["BATCH", "BULK_FDS", "SLOT_BYTES", "Bulk", "Fastpath", "SockaddrIn", "load", "reason",
+           "sockaddr"]

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import socket
 import struct
 from collections import deque
 from dataclasses import dataclass, field
@@ -240,6 +241,17 @@ def _middle_state(seed: int, dqpn: int) -> int:
     """The ICRC's CRC state after a WRITE MIDDLE's masked first 8 BTH bytes, from the
     pseudo-header ``seed``: the same for every MIDDLE of a QP pair and size."""
     return wire.crc32(wire.bth_masked(_MIDDLE, 0, dqpn, False, 0)[:8], seed)
+
+
+@functools.lru_cache(maxsize=256)
+def _ack_state(seed: int, dqpn: int) -> int:
+    """:func:`_middle_state` for an ACK to QP ``dqpn``."""
+    return wire.crc32(wire.bth_masked(_ACK, 0, dqpn, False, 0)[:8], seed)
+
+
+def _head8(opcode: int, dqpn: int) -> ctypes.Array:
+    """The first 8 BTH bytes of a packet of ours (no flags, the P_Key) as ``uint8_t[8]``."""
+    return (ctypes.c_uint8 * 8)(*wire.BTH_FMT.pack(opcode, 0, wire.PKEY, dqpn, 0)[:8])
 
 
 class GatherRun:
@@ -907,6 +919,111 @@ class QueuePair:
         if self.w_fold is self.fold:
             self.w_fold = None
         self.fold = None
+
+    # ------------------------------------------------------------ the C steady state
+    def bulk_rx(self, b: native.Bulk) -> bool:
+        """Hand ``fp_bulk`` the WRITE in progress: its next MIDDLEs from the peer, with
+        :meth:`on_middle_runs`' checks, land (or fold) where the next ones would here, and
+        the ACKs they ask for go out at once. False when there is none to take."""
+        mtu = self.engine.mtu
+        if self.w_off < 0 or self._ack is None or self.fastpath is None:
+            return False
+        start = self.w_off + self.w_done
+        room = min((self.w_len - self.w_done) // mtu, (self.w_mr.buf.size - start) // mtu)
+        if room <= 0:
+            return False
+        f = self.w_fold
+        if f is not None and f.done < self.w_done:  # as on_middle_runs: one folded prefix
+            self.fastpath.fold(f.ref, f.done, f.land + f.done, self.w_done - f.done)
+            f.done = self.w_done
+        seg = _ROW_EXTRA + mtu
+        seed = wire.icrc_seed(self.dst_ip, self.src_ip, self.addr[1], self.local_port,
+                              wire.UDP_LEN + seg)
+        b.rx_on, b.rx_seg, b.rx_port = 1, seg, self.addr[1]
+        b.rx_addr = socket.htonl(self.dst_ip)  # as recvmmsg reports it
+        b.rx_head = _head8(_MIDDLE, self.qpn)
+        b.rx_state = _middle_state(seed, self.qpn)
+        b.epsn = self.epsn
+        b.rx_dst = self.w_mr.va + start
+        b.rx_room = room
+        b.fold = 0 if f is None else ctypes.addressof(f.spec)
+        b.fold_at = 0 if f is None else f.done
+        b.ack_head = (ctypes.c_uint8 * 8)(*self._ack.head)
+        b.ack_state = self._ack.state
+        b.aeth = (wire.ACK_SYNDROME << wire.SYNDROME_SHIFT) | (self.msn & wire.MSN_MASK)
+        b.ack_dst = self.engine.sockaddr(self.addr)
+        return True
+
+    def bulk_rx_done(self, b: native.Bulk) -> None:
+        """Take back what :meth:`bulk_rx` lent ``fp_bulk``."""
+        taken = b.rx_taken
+        if not taken:
+            return
+        n = taken * self.engine.mtu
+        self.w_done += n
+        self.epsn = b.epsn
+        self.nak_sent = False
+        if self.w_fold is not None:
+            self.w_fold.done += n
+            self.engine.stats["rx_folded"] += taken
+
+    def bulk_tx(self, b: native.Bulk, per: int) -> np.ndarray | None:
+        """Hand ``fp_bulk`` the borrowed message being sent, between its FIRST and LAST:
+        its MIDDLEs go out as :meth:`_middle_gather` sends them while the window allows,
+        and plain ACKs from the peer open the window. Returns the array their BTH|ICRC
+        rows are sealed into, None when there is nothing of that kind to send."""
+        msg = self.cur
+        if (msg is None or msg.src is None or not self.cur_off or self.error is not None
+                or self.retries or self._ack is None):
+            return None
+        mtu = self.engine.mtu
+        k = (msg.size - self.cur_off - 1) // mtu  # the LAST is pump's
+        if k <= 0:
+            return None
+        meta = np.empty((k, _ROW_EXTRA), np.uint8)
+        seg = _ROW_EXTRA + mtu
+        seed = wire.icrc_seed(self.src_ip, self.dst_ip, self.local_port, self.addr[1],
+                              wire.UDP_LEN + seg)
+        ack_seed = wire.icrc_seed(self.dst_ip, self.src_ip, self.addr[1], self.local_port,
+                                  wire.UDP_LEN + wire.BTH_LEN + wire.AETH_LEN + wire.ICRC_LEN)
+        b.tx_on, b.per = 1, per
+        b.tx_head = _head8(_MIDDLE, self.remote_qpn)
+        b.tx_state = _middle_state(seed, self.remote_qpn)
+        b.next_psn, b.inflight, b.since = self.next_psn, self.inflight, self.since_ackreq
+        b.window, b.half = self.engine.window, self.engine.window // 2
+        b.src = msg.src_addr + self.cur_off - msg.src_off
+        b.k_left = k
+        b.meta = meta.__array_interface__["data"][0]
+        b.tx_dst = self.engine.sockaddr(self.addr)
+        b.peer_ack_head = _head8(_ACK, self.qpn)
+        b.peer_ack_state = _ack_state(ack_seed, self.qpn)
+        b.notify_on = 0
+        for first, _, m, n in self.outstanding:
+            if m is not None:  # the first message end still unACKed: the sequencer's event
+                b.notify_on, b.notify_psn = 1, (first + n - 1) & wire.PSN_MASK
+                break
+        b.last_progress = self.last_progress
+        b.rto = self.engine.rto_s
+        return meta
+
+    def bulk_tx_done(self, b: native.Bulk, meta: np.ndarray) -> None:
+        """Take back what :meth:`bulk_tx` lent ``fp_bulk``: the MIDDLEs it sent become one
+        outstanding :class:`GatherRun`, then the ACKs it took are applied."""
+        sealed = b.sealed
+        if sealed:
+            mtu = self.engine.mtu
+            run = GatherRun(self.cur, self.cur_off, meta[:sealed], mtu)
+            self.outstanding.append((self.next_psn, run, None, sealed))
+            self.inflight += sealed
+            self.next_psn = b.next_psn
+            self.cur_off += sealed * mtu
+            self.since_ackreq = b.since
+            self.engine.stats["tx_packets"] += b.sent
+            if b.sent < sealed:  # the kernel refused some: the Python path's handling
+                self.engine.transmit_gather(run.after(b.sent), sealed - b.sent, self.addr)
+        self.last_progress = b.last_progress
+        if b.acked:
+            self._acked(b.acked_psn, b.last_progress)
 
     def give_back(self, slot: int) -> None:
         """Return a consumed ring slot to the peer."""

@@ -150,18 +150,18 @@ class AckSealer:
     the first 8 BTH bytes and the ICRC's state after them, is computed once, leaving
     one 8-byte CRC update per ACK."""
 
-    __slots__ = ("_head", "_state")
+    __slots__ = ("head", "state")
 
     def __init__(self, src: int, dst: int, dqpn: int, sport: int = ROCEV2_UDP_PORT,
                  dport: int = ROCEV2_UDP_PORT) -> None:
-        self._head = bth(Opcode.ACKNOWLEDGE, 0, dqpn, False, 0)[:8]
+        self.head = bth(Opcode.ACKNOWLEDGE, 0, dqpn, False, 0)[:8]
         seed = icrc_seed(src, dst, sport, dport, UDP_LEN + BTH_LEN + AETH_LEN + ICRC_LEN)
         # The PSN word is covered unmasked (MASK_W2 == 0): it goes with the AETH.
-        self._state = crc32(bth_masked(Opcode.ACKNOWLEDGE, 0, dqpn, False, 0)[:8], seed)
+        self.state = crc32(bth_masked(Opcode.ACKNOWLEDGE, 0, dqpn, False, 0)[:8], seed)
 
     def __call__(self, psn: int, syndrome: int, msn: int) -> bytes:
         tail = _ACK_TAIL.pack(psn, (syndrome << SYNDROME_SHIFT) | (msn & MSN_MASK))
-        return self._head + tail + ICRC_FMT.pack(crc32(tail, self._state) & 0xFFFFFFFF)
+        return self.head + tail + ICRC_FMT.pack(crc32(tail, self.state) & 0xFFFFFFFF)
 
 
 _ACK_TAIL = struct.Struct(">II")  # BTH word 2 (PSN, AckReq clear), AETH
