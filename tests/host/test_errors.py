@@ -252,7 +252,7 @@ def test_run_program_checks_the_program_before_anything_runs(comm) -> None:
     ok = [Instr(SeqOp.COPY, buf=Buf.OUT, src=Buf.IN), Instr(SeqOp.DONE)]
     assert np.array_equal(comm.run_program(ok, np.arange(8, dtype=np.int32)), np.arange(8))
     # A program runs whole, never cut into segments: a vector the region holds in one
-    # piece only without its chunks' rounding (4 chunks of a 16 MiB region) is refused.
+    # piece only without its chunks' rounding (4 chunks of the region) is refused.
     four = [Instr(SeqOp.SETUP, step=4), Instr(SeqOp.COPY, buf=Buf.OUT, count=4),
             Instr(SeqOp.DONE)]
     cap = comm.stage_bytes // 4
