@@ -649,12 +649,18 @@ class Engine:
             wake_fd = self._wake_r.fileno()
             qps: list[QueuePair] = []
             bulk = self._bulk_setup()
-            drained = False  # fp_bulk returned: what had arrived, it took or dispatched
+            bulk_stop = 0  # why fp_bulk returned, when the last turn ended in it
             while not self._stop:
                 if len(qps) != len(self.by_peer):
                     qps = list(self.by_peer.values())
-                busy = False if drained else self._receive()
-                drained = False
+                if bulk_stop:
+                    # What had arrived, fp_bulk took or left to _dispatch; after the
+                    # latter, this turn is one whose receive found datagrams (a landed
+                    # message may have queued a credit or a grant to send).
+                    busy = bulk_stop == native.BULK_BATCH
+                    bulk_stop = 0
+                else:
+                    busy = self._receive()
                 now = time.monotonic()
                 # Guards before the per-QP calls: this loop runs hundreds of times a
                 # collective, and most turns find nothing for most QPs.
@@ -674,9 +680,10 @@ class Engine:
                         # What a job posted or yields next may be done already.
                         self.seq_due = busy = True
                 if not busy:
-                    if bulk is not None and self._bulk(bulk, qps, now):
-                        drained = True  # it waited, and did the steady state's work meanwhile
-                        continue
+                    if bulk is not None:
+                        bulk_stop = self._bulk(bulk, qps, now)
+                        if bulk_stop:  # it waited, doing the steady state's work meanwhile
+                            continue
                     # Yield before sleeping: on a shared CPU the peer this loop waits for
                     # often runs then, and its datagram is here without the wake-up's cost
                     # to both (the sender's system call wakes a sleeping receiver).
@@ -718,14 +725,15 @@ class Engine:
         b.yields = BULK_YIELDS
         return b
 
-    def _bulk(self, b: native.Bulk, qps: list[QueuePair], now: float) -> bool:
+    def _bulk(self, b: native.Bulk, qps: list[QueuePair], now: float) -> int:
         """Wait for the next event in ``fp_bulk`` instead of poll when a queue pair is in
         the steady state of a large transfer (:meth:`QueuePair.bulk_rx`,
         :meth:`QueuePair.bulk_tx`): the C loop moves its MIDDLEs and ACKs meanwhile and
         returns on anything else, which this loop then takes from where it stopped.
-        False when no queue pair is in that state."""
+        Returns why it returned (``native.BULK_*``), 0 when no queue pair is in that
+        state."""
         if not BULK_LOOP:
-            return False
+            return 0
         b.rx_on = b.tx_on = 0
         rxq = txq = None
         meta = None
@@ -737,10 +745,13 @@ class Engine:
             if txq is None and (meta := qp.bulk_tx(b, per)) is not None:
                 txq = qp
         if rxq is None and txq is None:
-            return False
+            return 0
         b.deadline = now + self._poll_ms(now) / 1000
         stop = self.fastpath.bulk(ctypes.byref(b))
         self.stats["bulk_runs"] += 1
+        self.stats["bulk_rx_packets"] += b.rx_taken
+        self.stats["bulk_tx_packets"] += b.sent
+        self.stats["bulk_acks_rx"] += b.acks_rx
         self.stats["rx_packets"] += b.rx_taken + b.acks_rx
         self.stats["rx_coalesced"] += b.rx_taken
         self.stats["acks_tx"] += b.acks_tx
@@ -758,7 +769,7 @@ class Engine:
                 pass
         elif stop == native.BULK_RX_ERROR:
             raise OSError(-b.err, os.strerror(-b.err))
-        return True
+        return stop
 
     def _poll_ms(self, now: float) -> int:
         wait = 0.05

@@ -604,7 +604,7 @@ typedef struct {
     uint32_t peer_ack_state, notify_on, notify_psn, acked, acked_psn, pad1;
     double last_progress;
     /* results */
-    uint32_t stop, fd_index, r, j, part, pad2;
+    uint32_t stop, r, j, part, ack_lost, pad2;
     uint64_t rx_taken, acks_tx, acks_rx;
     int64_t err;
 } bulk_t;
@@ -652,6 +652,7 @@ static int bulk_send(bulk_t *b, double now) {
                     done = k; /* the peer is gone: its timeout will surface */
                     break;
                 }
+                b->sent += done;
                 b->err = s;
                 return -1;
             }
@@ -682,7 +683,10 @@ static void bulk_ack(bulk_t *b) {
         r = (int)sendto(b->tx_fd, d, sizeof(d), MSG_DONTWAIT, (const struct sockaddr *)&b->ack_dst,
                         sizeof(b->ack_dst));
     } while (r < 0 && errno == EINTR);
-    b->acks_tx++; /* a lost ACK is a later one's job, or the sender's timer's */
+    if (r < 0)
+        b->ack_lost = 1; /* the queue pair sends it again, with its own handling */
+    else
+        b->acks_tx++;
 }
 
 /* A plain ACK from the sending side's peer: 1 if taken, 0 if it is Python's. */
@@ -703,7 +707,9 @@ static int bulk_take_ack(bulk_t *b, const uint8_t *d, double now) {
         b->inflight -= (uint32_t)n;
         b->last_progress = now;
         b->acked = 1;
-        b->acked_psn = psn;
+        /* No further than what was sent: an ACK beyond it must not cover what this
+         * call seals later. */
+        b->acked_psn = (oldest + (uint32_t)n - 1) & b->psn_mask;
     }
     return 1;
 }
@@ -762,7 +768,7 @@ static int bulk_batch(bulk_t *b, uint32_t r, double now, uint32_t *ackreq) {
 /* Run the steady state until something needs the engine's Python loop (b->stop says
  * what). Returns b->stop. */
 int fp_bulk(bulk_t *b) {
-    b->stop = b->fd_index = b->r = b->j = b->part = 0;
+    b->stop = b->r = b->j = b->part = b->ack_lost = 0;
     b->rx_taken = b->acks_tx = b->acks_rx = b->sealed = b->sent = 0;
     b->acked = 0;
     b->err = 0;
@@ -771,7 +777,7 @@ int fp_bulk(bulk_t *b) {
     for (uint32_t f = 0; f < nf; f++)
         p[f] = (struct pollfd){.fd = b->fds[f], .events = POLLIN};
     p[nf] = (struct pollfd){.fd = b->wake_fd, .events = POLLIN};
-    uint64_t idle = 0;
+    uint64_t idle = 0, busy = 0;
     for (;;) {
         double now = monotonic_s(), until = b->deadline;
         if (b->tx_on && b->inflight && b->last_progress + b->rto < until)
@@ -813,7 +819,6 @@ int fp_bulk(bulk_t *b) {
                 bulk_ack(b);
             if (left) {
                 b->stop = BULK_BATCH;
-                b->fd_index = f;
                 b->r = (uint32_t)r;
             } else if (b->notify_on && b->acked &&
                        psn_dist(b->acked_psn, b->notify_psn, b->psn_mask) >= 0) {
@@ -824,6 +829,15 @@ int fp_bulk(bulk_t *b) {
             break;
         if (got) {
             idle = 0;
+            /* While datagrams keep coming poll is not reached: look for a wake-up (a
+             * new job, a stop) every few batches all the same. */
+            if (++busy % 16 == 0) {
+                struct pollfd w = {.fd = b->wake_fd, .events = POLLIN};
+                if (poll(&w, 1, 0) > 0) {
+                    b->stop = BULK_WAKE;
+                    break;
+                }
+            }
             continue;
         }
         if (idle++ < b->yields) {

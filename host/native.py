@@ -83,7 +83,7 @@ class Bulk(ctypes.Structure):
         ("peer_ack_state", _u32), ("notify_on", _u32), ("notify_psn", _u32),
         ("acked", _u32), ("acked_psn", _u32), ("pad1", _u32),
         ("last_progress", ctypes.c_double),
-        ("stop", _u32), ("fd_index", _u32), ("r", _u32), ("j", _u32), ("part", _u32),
+        ("stop", _u32), ("r", _u32), ("j", _u32), ("part", _u32), ("ack_lost", _u32),
         ("pad2", _u32),
         ("rx_taken", _u64), ("acks_tx", _u64), ("acks_rx", _u64), ("err", ctypes.c_int64),
     ]

@@ -956,6 +956,8 @@ class QueuePair:
 
     def bulk_rx_done(self, b: native.Bulk) -> None:
         """Take back what :meth:`bulk_rx` lent ``fp_bulk``."""
+        if b.ack_lost:  # the kernel refused an ACK: flush_ack sends it, or fails loudly
+            self.ack_pending = True
         taken = b.rx_taken
         if not taken:
             return
@@ -1012,7 +1014,8 @@ class QueuePair:
         sealed = b.sealed
         if sealed:
             mtu = self.engine.mtu
-            run = GatherRun(self.cur, self.cur_off, meta[:sealed], mtu)
+            # Its own rows: a slice would keep the whole message's array alive.
+            run = GatherRun(self.cur, self.cur_off, meta[:sealed].copy(), mtu)
             self.outstanding.append((self.next_psn, run, None, sealed))
             self.inflight += sealed
             self.next_psn = b.next_psn

@@ -73,8 +73,9 @@ def _ip(sock: socket.socket) -> int:
     return wire.ip_to_int(sock.getsockname()[0])
 
 
-def _middle(psn: int, payload: bytes, state: int, ackreq: bool = False) -> bytes:
-    head = wire.BTH_FMT.pack(_MIDDLE, 0, wire.PKEY, RX_QPN, 0)[:8]
+def _middle(psn: int, payload: bytes, state: int, ackreq: bool = False,
+            qpn: int = RX_QPN) -> bytes:
+    head = wire.BTH_FMT.pack(_MIDDLE, 0, wire.PKEY, qpn, 0)[:8]
     w2 = ((psn & wire.PSN_MASK) | (wire.ACKREQ if ackreq else 0)).to_bytes(4, "big")
     return head + w2 + payload + wire.crc32(w2 + payload, state).to_bytes(4, "little")
 
@@ -92,7 +93,11 @@ def _drain(sock: socket.socket) -> list[bytes]:
     return got
 
 
-def test_takes_checked_middles_acks_them_and_stops_at_the_first_bad_one(fp, pair) -> None:
+@pytest.mark.parametrize("bad", ["icrc", "duplicate", "other-qp", "past-room"])
+def test_takes_checked_middles_acks_them_and_stops_at_the_first_bad_one(fp, pair,
+                                                                       bad: str) -> None:
+    # Six good MIDDLEs, then one fp_bulk must leave to the Python loop (which counts
+    # and drops it, or NAKs, or fails the WRITE), then a good one after it.
     ours, peer = pair
     wake_r, wake_w = socket.socketpair()
     side = _Side(fp, ours, wake_r)
@@ -105,9 +110,14 @@ def test_takes_checked_middles_acks_them_and_stops_at_the_first_bad_one(fp, pair
     pays = [rng.integers(0, 256, MTU, np.uint8).tobytes() for _ in range(k + 2)]
     for i in range(k):
         peer.sendto(_middle(psn0 + i, pays[i], state, ackreq=i == 3), ours.getsockname())
-    bad = bytearray(_middle(psn0 + k, pays[k], state))
-    bad[wire.BTH_LEN + 5] ^= 1  # its ICRC no longer matches
-    peer.sendto(bytes(bad), ours.getsockname())
+    odd = bytearray(_middle(psn0 + k, pays[k], state))
+    if bad == "icrc":
+        odd[wire.BTH_LEN + 5] ^= 1  # its ICRC no longer matches
+    elif bad == "duplicate":
+        odd = _middle(psn0 + k - 1, pays[k], state)  # a PSN already taken
+    elif bad == "other-qp":
+        odd = _middle(psn0 + k, pays[k], state, qpn=RX_QPN + 1)
+    peer.sendto(bytes(odd), ours.getsockname())
     peer.sendto(_middle(psn0 + k + 1, pays[k + 1], state), ours.getsockname())
     time.sleep(0.05)
 
@@ -117,7 +127,7 @@ def test_takes_checked_middles_acks_them_and_stops_at_the_first_bad_one(fp, pair
     b.rx_addr = socket.htonl(_ip(peer))
     b.rx_head = _head8(_MIDDLE, RX_QPN)
     b.rx_state, b.epsn = state, psn0
-    b.rx_dst, b.rx_room = dst.ctypes.data, k + 2
+    b.rx_dst, b.rx_room = dst.ctypes.data, k if bad == "past-room" else k + 2
     b.ack_head = (ctypes.c_uint8 * 8)(*ack.head)
     b.ack_state = ack.state
     b.aeth = (wire.ACK_SYNDROME << wire.SYNDROME_SHIFT) | 5
@@ -129,7 +139,7 @@ def test_takes_checked_middles_acks_them_and_stops_at_the_first_bad_one(fp, pair
     assert (b.j, b.part, b.r) == (k, 0, k + 2)  # the bad one, then one more for Python
     assert b.rx_taken == k and b.epsn == (psn0 + k) & wire.PSN_MASK
     assert dst[:k * MTU].tobytes() == b"".join(pays[:k])
-    assert (dst[k * MTU:] == 0xAA).all()  # nothing of the bad one, nor of the one after
+    assert (dst[k * MTU:] == 0xAA).all()  # nothing of the odd one, nor of the one after
     # One ACK, for the AckReq on packet 3, covering all six taken (cumulative).
     assert b.acks_tx == 1
     assert _drain(peer) == [ack((psn0 + k - 1) & wire.PSN_MASK, wire.ACK_SYNDROME, 5)]
@@ -137,25 +147,39 @@ def test_takes_checked_middles_acks_them_and_stops_at_the_first_bad_one(fp, pair
     wake_w.close()
 
 
-@pytest.mark.parametrize("reply", ["ack", "nak"])
-def test_sends_the_window_and_takes_plain_acks_only(fp, pair, reply: str) -> None:
+_NAK_SEQ = aeth_syndrome(AethKind.NAK, NakCode.PSN_SEQUENCE_ERROR)
+# (MIDDLEs to send, the peer's reply queued before the call as (syndrome, PSN offset) or
+# None, the PSN offset whose ACK ends a message or None) -> (why fp_bulk returns, rows
+# sealed, in flight after, the ACKed PSN offset or None, ACKs taken); window 4, PSNs
+# from 100.
+TX_CASES = {
+    "ack": (10, (wire.ACK_SYNDROME, 1), None, (native.BULK_TIMER, 6, 4, 1, 1)),
+    "nak": (10, (_NAK_SEQ, 1), None, (native.BULK_BATCH, 4, 4, None, 0)),
+    "beyond-sent": (10, (wire.ACK_SYNDROME, 50), None, (native.BULK_TIMER, 8, 4, 3, 1)),
+    "stale": (10, (wire.ACK_SYNDROME, -5), None, (native.BULK_TIMER, 4, 4, None, 1)),
+    "message-end": (10, (wire.ACK_SYNDROME, 1), 1, (native.BULK_ACKED, 4, 2, 1, 1)),
+    "all-sent": (3, None, None, (native.BULK_TX_DONE, 3, 3, None, 0)),
+}
+
+
+@pytest.mark.parametrize("case", list(TX_CASES))
+def test_sends_the_window_and_takes_plain_acks_only(fp, pair, case: str) -> None:
+    k, reply, notify, (want_stop, sealed, inflight, acked, acks_rx) = TX_CASES[case]
     ours, peer = pair
     wake_r, wake_w = socket.socketpair()
     side = _Side(fp, ours, wake_r)
     b = side.b
     pport, oport = peer.getsockname()[1], ours.getsockname()[1]
-    k, window, psn0 = 10, 4, 100
+    window, psn0 = 4, 100
     src = np.random.default_rng(3).integers(0, 256, k * MTU, np.uint8)
     meta = np.zeros((k, wire.BTH_LEN + wire.ICRC_LEN), np.uint8)
     seed = wire.icrc_seed(_ip(ours), _ip(peer), oport, pport, wire.UDP_LEN + SEG)
     ack_seed = wire.icrc_seed(_ip(peer), _ip(ours), pport, oport,
                               wire.UDP_LEN + wire.BTH_LEN + wire.AETH_LEN + wire.ICRC_LEN)
-    # The peer's reply to the first two packets, queued before the call.
-    syndrome = (wire.ACK_SYNDROME if reply == "ack"
-                else aeth_syndrome(AethKind.NAK, NakCode.PSN_SEQUENCE_ERROR))
-    peer_ack = wire.AckSealer(_ip(peer), _ip(ours), RX_QPN, pport, oport)
-    peer.sendto(peer_ack(psn0 + 1, syndrome, 0), ours.getsockname())
-    time.sleep(0.05)
+    if reply is not None:
+        peer_ack = wire.AckSealer(_ip(peer), _ip(ours), RX_QPN, pport, oport)
+        peer.sendto(peer_ack(psn0 + reply[1], reply[0], 0), ours.getsockname())
+        time.sleep(0.05)
 
     b.tx_on, b.per = 1, 1
     b.tx_head = _head8(_MIDDLE, TX_QPN)
@@ -165,21 +189,19 @@ def test_sends_the_window_and_takes_plain_acks_only(fp, pair, reply: str) -> Non
     b.tx_dst = native.sockaddr(peer.getsockname())
     b.peer_ack_head = _head8(_ACK, RX_QPN)
     b.peer_ack_state = _ack_state(ack_seed, RX_QPN)
+    b.notify_on, b.notify_psn = notify is not None, psn0 + (notify or 0)
     b.deadline = time.monotonic() + 0.1
     stop = fp.bulk(ctypes.byref(b))
 
-    sent = 6 if reply == "ack" else 4  # an ACK for two opens the window by two
-    if reply == "ack":
-        assert stop == native.BULK_TIMER
-        assert (b.acked, b.acked_psn, b.acks_rx) == (1, psn0 + 1, 1)
-    else:  # a NAK is the queue pair's to act on: left in the batch, window unmoved
-        assert stop == native.BULK_BATCH and (b.j, b.part) == (0, 0)
-        assert (b.acked, b.acks_rx) == (0, 0)
-    assert (b.sealed, b.sent, b.k_left) == (sent, sent, k - sent)
-    assert b.inflight == sent - (2 if reply == "ack" else 0)
-    assert b.next_psn == psn0 + sent and b.src == src.ctypes.data + sent * MTU
+    assert stop == want_stop
+    if stop == native.BULK_BATCH:  # a NAK is the queue pair's to act on
+        assert (b.j, b.part) == (0, 0)
+    assert (b.sealed, b.sent, b.k_left) == (sealed, sealed, k - sealed)
+    assert b.inflight == inflight and b.acks_rx == acks_rx
+    assert (b.acked_psn - psn0 if b.acked else None) == acked
+    assert b.next_psn == psn0 + sealed and b.src == src.ctypes.data + sealed * MTU
     got = _drain(peer)
-    assert len(got) == sent
+    assert len(got) == sealed
     state = _middle_state(seed, TX_QPN)
     for i, d in enumerate(got):
         assert d[:8] == wire.BTH_FMT.pack(_MIDDLE, 0, wire.PKEY, TX_QPN, 0)[:8]
@@ -221,8 +243,11 @@ def _ring_digest(comm, *, bulk: bool) -> dict:
     comm.allgather(rs, ag)
     ints = rng.integers(-1 << 40, 1 << 40, 1 << 20, np.int64)
     comm.allreduce(ints, algo="ring")
+    st = comm.stats()
     return {"common": y.tobytes() + x.tobytes() + ag.tobytes() + ints.tobytes(),
-            "mine": rs.tobytes(), "bulk_runs": comm.stats().get("bulk_runs", 0)}
+            "mine": rs.tobytes(),
+            "c": [st.get(k, 0) for k in ("bulk_runs", "bulk_rx_packets", "bulk_tx_packets",
+                                         "bulk_acks_rx")]}
 
 
 def test_the_c_loop_gives_the_same_bytes_as_the_python_loop() -> None:
@@ -230,7 +255,8 @@ def test_the_c_loop_gives_the_same_bytes_as_the_python_loop() -> None:
         pytest.skip(f"no C fast path: {native.reason}")
     on = all_ok(run_world(4, _ring_digest, bulk=True, timeout=240))
     off = all_ok(run_world(4, _ring_digest, bulk=False, timeout=240))
-    assert all(r["bulk_runs"] > 0 for r in on), "the C loop never ran"
-    assert all(r["bulk_runs"] == 0 for r in off)
+    # The C loop ran, and took, sent and was ACKed packets itself.
+    assert all(min(r["c"]) > 0 for r in on), [r["c"] for r in on]
+    assert all(max(r["c"]) == 0 for r in off)
     assert len({r["common"] for r in on}) == 1  # every rank has the same result
     assert [(r["common"], r["mine"]) for r in on] == [(r["common"], r["mine"]) for r in off]

@@ -99,4 +99,5 @@ def test_kernel_impaired_link_between_namespaces(veth_pair, tmp_path) -> None:
     assert sum(r["drops"]["PSN_OUT_OF_ORDER"] for r in res) > 0
     from fpgaccl.host import native
     if native.load() is not None:  # the losses hit the C steady-state loop too
-        assert all(r["stats"].get("bulk_runs", 0) > 0 for r in res)
+        assert sum(r["stats"].get("bulk_rx_packets", 0) + r["stats"].get("bulk_tx_packets", 0)
+                   for r in res) > 0
