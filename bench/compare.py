@@ -232,10 +232,12 @@ def main() -> int:
     repeats: dict[str, list[list[dict]]] = {}
     backends = a.backends.split(",")
     skipped = {be: why for be in backends if (why := _available(be)) is not None}
-    # Rounds interleave the backends (A B C, A B C, ...): a load that comes and goes on a
-    # shared machine then hits each about equally, and each size reports the median.
+    # Rounds interleave the backends, in turn forwards and backwards (A B C, C B A, ...):
+    # a load that comes and goes on a shared machine then hits each about equally, and
+    # each size reports the median. Two backends' runs in one round are minutes apart at
+    # most, so their ratio within the round is also reported (its median over rounds).
     for rnd in range(a.repeat):
-        for be in backends:
+        for be in (backends if rnd % 2 == 0 else backends[::-1]):
             if be in skipped:
                 continue
             print(f"# round {rnd + 1}/{a.repeat}: running {be} ...", file=sys.stderr,
@@ -259,9 +261,11 @@ def main() -> int:
                                       f" {'MiB':>5}" for be in runs)
     others = [be for be in runs if be != "fpgaccl"]
     head += "".join(f" {'x ' + be:>9}" for be in others)
+    head += "".join(f" {'rnd x ' + be:>11}" for be in others)
     print(f"# allreduce float32 sum, {a.ranks} ranks, busbw in GB/s; 'x peer' = fpgaccl "
-          "busbw / peer busbw; cpu us = the busiest rank's CPU time per call (user + system, "
-          "all threads); MiB = peak RSS of the largest rank")
+          "busbw / peer busbw (of the median times); 'rnd x peer' = the median over rounds of "
+          "that ratio within each round; cpu us = the busiest rank's CPU time per call (user "
+          "+ system, all threads); MiB = peak RSS of the largest rank")
     print(f"# fpgaccl mtu {a.mtu or _default_mtu()}, ICRC CRC-32 from {wire.crc32.__module__};"
           f" 1-min load average before/after each run: {load}")
     print(head)
@@ -283,6 +287,13 @@ def main() -> int:
                 float("nan")
             row[f"ratio_{be}"] = ratio
             line += f" {ratio:>9.3f}"
+        for be in others:
+            per = [p / f for f, p in zip(row["fpgaccl"]["times_us"], row[be]["times_us"],
+                                         strict=False)] if "fpgaccl" in row else []
+            row[f"round_ratios_{be}"] = per
+            rr = float(np.median(per)) if per else float("nan")
+            row[f"round_ratio_{be}"] = rr
+            line += f" {rr:>11.3f}"
         rows.append(row)
         print(line, flush=True)
     doc = {"bench": "compare", "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
