@@ -568,7 +568,7 @@ class Engine:
         a gone peer and a path that cannot segment."""
         done = 0
         for _ in range(1000):
-            per = max(1, min(GSO_MAX_SEGMENTS, GSO_MAX_BYTES // seg)) if self.gso else 1
+            per = self._gso_per(seg)
             r = send(done, per)
             if r < 0:
                 err = -r
@@ -588,6 +588,10 @@ class Engine:
             if done >= k:
                 return
             select.select([], [self.sock], [], 0.01)
+
+    def _gso_per(self, seg: int) -> int:
+        """Datagrams of ``seg`` bytes per UDP_SEGMENT message (1 without GSO)."""
+        return max(1, min(GSO_MAX_SEGMENTS, GSO_MAX_BYTES // seg)) if self.gso else 1
 
     def _sendmsg_each(self, parts: list | tuple, addr: tuple[str, int], seg: int) -> None:
         data = b"".join(parts)
@@ -694,15 +698,18 @@ class Engine:
                     elif any(fd == wake_fd for fd, _ in events):
                         # Drain the wake-ups only when there are some: one system call
                         # fewer on every datagram-driven wake.
-                        try:
-                            while self._wake_r.recv(4096):
-                                pass
-                        except BlockingIOError:
-                            pass
+                        self._drain_wake()
         except BaseException as e:  # the engine must never die silently
             self.failed = e
             for job in (*self._jobs, *self._submitted):
                 job.finish(e)
+
+    def _drain_wake(self) -> None:
+        try:
+            while self._wake_r.recv(4096):
+                pass
+        except BlockingIOError:
+            pass
 
     def _bulk_setup(self) -> native.Bulk | None:
         """The ``fp_bulk`` state of this engine's loop, its fixed fields filled; None
@@ -737,8 +744,7 @@ class Engine:
         b.rx_on = b.tx_on = 0
         rxq = txq = None
         meta = None
-        seg = wire.BTH_LEN + self.mtu + wire.ICRC_LEN
-        per = max(1, min(GSO_MAX_SEGMENTS, GSO_MAX_BYTES // seg)) if self.gso else 1
+        per = self._gso_per(wire.BTH_LEN + self.mtu + wire.ICRC_LEN)
         for qp in qps:
             if rxq is None and qp.bulk_rx(b):
                 rxq = qp
@@ -762,11 +768,7 @@ class Engine:
         if stop == native.BULK_BATCH:
             self._dispatch(b.r, b.j, b.part, time.monotonic())
         elif stop == native.BULK_WAKE:
-            try:
-                while self._wake_r.recv(4096):
-                    pass
-            except BlockingIOError:
-                pass
+            self._drain_wake()
         elif stop == native.BULK_RX_ERROR:
             raise OSError(-b.err, os.strerror(-b.err))
         return stop

@@ -243,12 +243,6 @@ def _middle_state(seed: int, dqpn: int) -> int:
     return wire.crc32(wire.bth_masked(_MIDDLE, 0, dqpn, False, 0)[:8], seed)
 
 
-@functools.lru_cache(maxsize=256)
-def _ack_state(seed: int, dqpn: int) -> int:
-    """:func:`_middle_state` for an ACK to QP ``dqpn``."""
-    return wire.crc32(wire.bth_masked(_ACK, 0, dqpn, False, 0)[:8], seed)
-
-
 def _head8(opcode: int, dqpn: int) -> ctypes.Array:
     """The first 8 BTH bytes of a packet of ours (no flags, the P_Key) as ``uint8_t[8]``."""
     return (ctypes.c_uint8 * 8)(*wire.BTH_FMT.pack(opcode, 0, wire.PKEY, dqpn, 0)[:8])
@@ -340,6 +334,7 @@ class QueuePair:
         self.landed: deque[tuple[int, int, int]] = deque()  # (coll_id, step, bytes)
         self.local_port = engine.addr[1]  # our UDP source port, part of the ICRC
         self._ack: wire.AckSealer | None = None  # this QP's ACKs, once connected
+        self._peer_ack: wire.AckSealer | None = None  # the peer's to us (fp_bulk checks them)
         self.fastpath = getattr(engine, "fastpath", None)  # the C loops, if the engine has them
         self._ackreq = ctypes.c_uint32()
         self._ackreq_ref = ctypes.byref(self._ackreq)
@@ -358,6 +353,8 @@ class QueuePair:
         self.remote_rkey = remote_rkey
         self._ack = wire.AckSealer(self.src_ip, self.dst_ip, remote_qpn, self.local_port,
                                    addr[1])
+        self._peer_ack = wire.AckSealer(self.dst_ip, self.src_ip, self.qpn, addr[1],
+                                        self.local_port)
 
     # ---------------------------------------------------------------- requester
     def post(self, msg: Message) -> None:
@@ -542,26 +539,31 @@ class QueuePair:
         over the payload where it lies) and the kernel gathers each datagram from its
         header, its payload and its ICRC; the payload is never copied in user space."""
         mtu = self.engine.mtu
-        seg = _ROW_EXTRA + mtu
-        psn = self.next_psn
-        dqpn = self.remote_qpn
-        seed = wire.icrc_seed(self.src_ip, self.dst_ip, self.local_port, self.addr[1],
-                              wire.UDP_LEN + seg)
         meta = np.empty((k, _ROW_EXTRA), np.uint8)
         run = GatherRun(msg, self.cur_off, meta, mtu)
         fp = self.fastpath
         self.since_ackreq = fp.seal_meta(
             meta.__array_interface__["data"][0], wire.BTH_LEN, run.src_address(), k, mtu,
-            wire.BTH_FMT.pack(_MIDDLE, 0, wire.PKEY, dqpn, 0)[:8], psn, wire.PSN_MASK,
-            wire.ACKREQ, self.since_ackreq, self.engine.window // 2,
-            _middle_state(seed, dqpn), fp.crc)
+            wire.BTH_FMT.pack(_MIDDLE, 0, wire.PKEY, self.remote_qpn, 0)[:8], self.next_psn,
+            wire.PSN_MASK, wire.ACKREQ, self.since_ackreq, self.engine.window // 2,
+            self._send_middle_state(), fp.crc)
         if not self.outstanding:
             self.last_progress = now
-        self.outstanding.append((psn, run, None, k))
-        self.inflight += k
-        self.next_psn = (psn + k) & wire.PSN_MASK
-        self.cur_off += k * mtu
+        self._gathered(run, k)
         self.engine.transmit_gather(run, k, self.addr)
+
+    def _send_middle_state(self) -> int:
+        """The ICRC's CRC state after our MIDDLEs' pseudo-header and masked BTH head."""
+        seed = wire.icrc_seed(self.src_ip, self.dst_ip, self.local_port, self.addr[1],
+                              wire.UDP_LEN + _ROW_EXTRA + self.engine.mtu)
+        return _middle_state(seed, self.remote_qpn)
+
+    def _gathered(self, run: GatherRun, k: int) -> None:
+        """``run``'s ``k`` MIDDLEs, sealed from the next PSN on, are outstanding."""
+        self.outstanding.append((self.next_psn, run, None, k))
+        self.inflight += k
+        self.next_psn = (self.next_psn + k) & wire.PSN_MASK
+        self.cur_off += k * self.engine.mtu
 
     @staticmethod
     def _seal_rows(run: np.ndarray, head: bytes, psn: int, since: int, half: int,
@@ -820,31 +822,47 @@ class QueuePair:
         if self.w_off < 0 or wire.MASK_W2 or fp is None:
             return 0, 0
         pay = seg - wire.BTH_LEN - wire.ICRC_LEN
-        start = self.w_off + self.w_done
-        room = min((self.w_len - self.w_done) // pay, (self.w_mr.buf.size - start) // pay)
+        room = self._middle_room(pay)
         if room <= 0:
             return 0, 0
         state = _middle_state(seed, dqpn & wire.QPN_MASK)
-        f = self.w_fold
-        if f is not None and f.done < self.w_done:
-            # What landed in memory since (a FIRST, or packets before the fold was armed)
-            # is folded first, so that the fold stays one prefix.
-            fp.fold(f.ref, f.done, f.land + f.done, self.w_done - f.done)
-            f.done = self.w_done
+        f = self._fold_landed()
         taken = fp.take_runs(buf, native.SLOT_BYTES, j, r, *meta, seg, wire.BTH_LEN,
                              self.epsn, wire.PSN_MASK, wire.ACKREQ, state, fp.crc,
-                             self.w_mr.va + start, room, self._ackreq_ref, self._whole_ref,
-                             None if f is None else f.ref, 0 if f is None else f.done)
-        if f is not None:
-            f.done += taken * pay
-            self.engine.stats["rx_folded"] += taken
-        if taken:
-            self.w_done += taken * pay
-            self.epsn = (self.epsn + taken) & wire.PSN_MASK
-            self.nak_sent = False
-            if self._ackreq.value & wire.ACKREQ:
-                self.ack_pending = True
+                             self.w_mr.va + self.w_off + self.w_done, room, self._ackreq_ref,
+                             self._whole_ref, None if f is None else f.ref,
+                             0 if f is None else f.done)
+        self._middles_taken(taken, pay)
+        if taken and self._ackreq.value & wire.ACKREQ:
+            self.ack_pending = True
         return taken, self._whole.value
+
+    def _middle_room(self, pay: int) -> int:
+        """How many MIDDLEs of ``pay`` bytes the WRITE in progress may still take."""
+        start = self.w_off + self.w_done
+        return min((self.w_len - self.w_done) // pay, (self.w_mr.buf.size - start) // pay)
+
+    def _fold_landed(self) -> Fold | None:
+        """The fold of the WRITE in progress, if any, with what landed in memory since (a
+        FIRST, or packets before the fold was armed) folded first, so that the fold
+        stays one prefix of the message."""
+        f = self.w_fold
+        if f is not None and f.done < self.w_done:
+            self.fastpath.fold(f.ref, f.done, f.land + f.done, self.w_done - f.done)
+            f.done = self.w_done
+        return f
+
+    def _middles_taken(self, taken: int, pay: int) -> None:
+        """The effect of ``taken`` in-order MIDDLEs of ``pay`` bytes that the C checks
+        passed and landed (or folded) at the WRITE's next bytes, as on_write has of each."""
+        if not taken:
+            return
+        self.w_done += taken * pay
+        self.epsn = (self.epsn + taken) & wire.PSN_MASK
+        self.nak_sent = False
+        if self.w_fold is not None:
+            self.w_fold.done += taken * pay
+            self.engine.stats["rx_folded"] += taken
 
     def _take_middles(self, rows: np.ndarray, state: int, start: int,
                       pay: int) -> tuple[int, int]:
@@ -928,14 +946,10 @@ class QueuePair:
         mtu = self.engine.mtu
         if self.w_off < 0 or self._ack is None or self.fastpath is None:
             return False
-        start = self.w_off + self.w_done
-        room = min((self.w_len - self.w_done) // mtu, (self.w_mr.buf.size - start) // mtu)
+        room = self._middle_room(mtu)
         if room <= 0:
             return False
-        f = self.w_fold
-        if f is not None and f.done < self.w_done:  # as on_middle_runs: one folded prefix
-            self.fastpath.fold(f.ref, f.done, f.land + f.done, self.w_done - f.done)
-            f.done = self.w_done
+        f = self._fold_landed()
         seg = _ROW_EXTRA + mtu
         seed = wire.icrc_seed(self.dst_ip, self.src_ip, self.addr[1], self.local_port,
                               wire.UDP_LEN + seg)
@@ -944,7 +958,7 @@ class QueuePair:
         b.rx_head = _head8(_MIDDLE, self.qpn)
         b.rx_state = _middle_state(seed, self.qpn)
         b.epsn = self.epsn
-        b.rx_dst = self.w_mr.va + start
+        b.rx_dst = self.w_mr.va + self.w_off + self.w_done
         b.rx_room = room
         b.fold = 0 if f is None else ctypes.addressof(f.spec)
         b.fold_at = 0 if f is None else f.done
@@ -958,16 +972,7 @@ class QueuePair:
         """Take back what :meth:`bulk_rx` lent ``fp_bulk``."""
         if b.ack_lost:  # the kernel refused an ACK: flush_ack sends it, or fails loudly
             self.ack_pending = True
-        taken = b.rx_taken
-        if not taken:
-            return
-        n = taken * self.engine.mtu
-        self.w_done += n
-        self.epsn = b.epsn
-        self.nak_sent = False
-        if self.w_fold is not None:
-            self.w_fold.done += n
-            self.engine.stats["rx_folded"] += taken
+        self._middles_taken(b.rx_taken, self.engine.mtu)
 
     def bulk_tx(self, b: native.Bulk, per: int) -> np.ndarray | None:
         """Hand ``fp_bulk`` the borrowed message being sent, between its FIRST and LAST:
@@ -983,22 +988,17 @@ class QueuePair:
         if k <= 0:
             return None
         meta = np.empty((k, _ROW_EXTRA), np.uint8)
-        seg = _ROW_EXTRA + mtu
-        seed = wire.icrc_seed(self.src_ip, self.dst_ip, self.local_port, self.addr[1],
-                              wire.UDP_LEN + seg)
-        ack_seed = wire.icrc_seed(self.dst_ip, self.src_ip, self.addr[1], self.local_port,
-                                  wire.UDP_LEN + wire.BTH_LEN + wire.AETH_LEN + wire.ICRC_LEN)
         b.tx_on, b.per = 1, per
         b.tx_head = _head8(_MIDDLE, self.remote_qpn)
-        b.tx_state = _middle_state(seed, self.remote_qpn)
+        b.tx_state = self._send_middle_state()
         b.next_psn, b.inflight, b.since = self.next_psn, self.inflight, self.since_ackreq
         b.window, b.half = self.engine.window, self.engine.window // 2
         b.src = msg.src_addr + self.cur_off - msg.src_off
         b.k_left = k
         b.meta = meta.__array_interface__["data"][0]
         b.tx_dst = self.engine.sockaddr(self.addr)
-        b.peer_ack_head = _head8(_ACK, self.qpn)
-        b.peer_ack_state = _ack_state(ack_seed, self.qpn)
+        b.peer_ack_head = (ctypes.c_uint8 * 8)(*self._peer_ack.head)
+        b.peer_ack_state = self._peer_ack.state
         b.notify_on = 0
         for first, _, m, n in self.outstanding:
             if m is not None:  # the first message end still unACKed: the sequencer's event
@@ -1016,10 +1016,7 @@ class QueuePair:
             mtu = self.engine.mtu
             # Its own rows: a slice would keep the whole message's array alive.
             run = GatherRun(self.cur, self.cur_off, meta[:sealed].copy(), mtu)
-            self.outstanding.append((self.next_psn, run, None, sealed))
-            self.inflight += sealed
-            self.next_psn = b.next_psn
-            self.cur_off += sealed * mtu
+            self._gathered(run, sealed)
             self.since_ackreq = b.since
             self.engine.stats["tx_packets"] += b.sent
             if b.sent < sealed:  # the kernel refused some: the Python path's handling

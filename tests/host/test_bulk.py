@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from fpgaccl.host import native, wire
-from fpgaccl.host.qp import _ACK, _MIDDLE, _ack_state, _head8, _middle_state
+from fpgaccl.host.qp import _MIDDLE, _head8, _middle_state
 from fpgaccl.proto.opcodes import AethKind, NakCode, aeth_syndrome
 
 from ._world import all_ok, run_world
@@ -174,10 +174,8 @@ def test_sends_the_window_and_takes_plain_acks_only(fp, pair, case: str) -> None
     src = np.random.default_rng(3).integers(0, 256, k * MTU, np.uint8)
     meta = np.zeros((k, wire.BTH_LEN + wire.ICRC_LEN), np.uint8)
     seed = wire.icrc_seed(_ip(ours), _ip(peer), oport, pport, wire.UDP_LEN + SEG)
-    ack_seed = wire.icrc_seed(_ip(peer), _ip(ours), pport, oport,
-                              wire.UDP_LEN + wire.BTH_LEN + wire.AETH_LEN + wire.ICRC_LEN)
+    peer_ack = wire.AckSealer(_ip(peer), _ip(ours), RX_QPN, pport, oport)
     if reply is not None:
-        peer_ack = wire.AckSealer(_ip(peer), _ip(ours), RX_QPN, pport, oport)
         peer.sendto(peer_ack(psn0 + reply[1], reply[0], 0), ours.getsockname())
         time.sleep(0.05)
 
@@ -187,8 +185,8 @@ def test_sends_the_window_and_takes_plain_acks_only(fp, pair, case: str) -> None
     b.next_psn, b.inflight, b.since, b.window, b.half = psn0, 0, 0, window, window // 2
     b.src, b.k_left, b.meta = src.ctypes.data, k, meta.ctypes.data
     b.tx_dst = native.sockaddr(peer.getsockname())
-    b.peer_ack_head = _head8(_ACK, RX_QPN)
-    b.peer_ack_state = _ack_state(ack_seed, RX_QPN)
+    b.peer_ack_head = (ctypes.c_uint8 * 8)(*peer_ack.head)
+    b.peer_ack_state = peer_ack.state
     b.notify_on, b.notify_psn = notify is not None, psn0 + (notify or 0)
     b.deadline = time.monotonic() + 0.1
     stop = fp.bulk(ctypes.byref(b))
