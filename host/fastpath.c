@@ -31,51 +31,12 @@
 
 typedef uint32_t (*crc_fn)(uint32_t crc, const unsigned char *buf, uint64_t len);
 
-/* Payload copies into the landing buffer. A received run is copied out while it is hot,
- * but its destination (a 4 MiB chunk of the collective region, or the caller's result)
- * is far larger than the caches and read much later, if at all, by this core: plain
- * stores would first read every destination line in (RFO) only to overwrite it. With
- * AVX2, whole 32-byte lines are written with non-temporal stores instead, about half
- * the memory traffic; fp_take_runs fences them before it returns. */
-#if defined(__x86_64__) && defined(__GNUC__)
-#include <immintrin.h>
-__attribute__((target("avx2"))) static void copy_stream(uint8_t *d, const uint8_t *s,
-                                                        uint64_t n) {
-    uint64_t head = (32 - ((uintptr_t)d & 31)) & 31;
-    memcpy(d, s, head);
-    d += head, s += head, n -= head;
-    for (; n >= 128; d += 128, s += 128, n -= 128) {
-        __m256i a = _mm256_loadu_si256((const __m256i *)s);
-        __m256i b = _mm256_loadu_si256((const __m256i *)(s + 32));
-        __m256i c = _mm256_loadu_si256((const __m256i *)(s + 64));
-        __m256i e = _mm256_loadu_si256((const __m256i *)(s + 96));
-        _mm256_stream_si256((__m256i *)d, a);
-        _mm256_stream_si256((__m256i *)(d + 32), b);
-        _mm256_stream_si256((__m256i *)(d + 64), c);
-        _mm256_stream_si256((__m256i *)(d + 96), e);
-    }
-    memcpy(d, s, n);
-}
-
-static int use_stream = -1;
-
-static inline void copy_payload(uint8_t *d, const uint8_t *s, uint64_t n) {
-    if (use_stream < 0)
-        use_stream = __builtin_cpu_supports("avx2");
-    if (use_stream && n >= 1024)
-        copy_stream(d, s, n);
-    else
-        memcpy(d, s, n);
-}
-
-static inline void copy_fence(void) {
-    if (use_stream > 0)
-        _mm_sfence();
-}
-#else
-static inline void copy_payload(uint8_t *d, const uint8_t *s, uint64_t n) { memcpy(d, s, n); }
-static inline void copy_fence(void) {}
-#endif
+/* Payload copies into the landing buffer are plain memcpy, and so are the fold's stores:
+ * the chunk a step lands or folds is what this rank sends at the next step of a ring, so
+ * its lines are wanted in the cache. Non-temporal stores (used until stop 26) pushed
+ * them out to memory, to be read back by the ICRC and the kernel's copy: in alternating
+ * 64 MiB 4-rank allreduces they cost 0.4-3 ms of user time a call (means of two runs of
+ * 5-6 pairs; 80-83 ms a call against 82-88 where both runs were in the fast mode). */
 
 static inline uint32_t load_be32(const uint8_t *p) {
     return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
@@ -248,12 +209,11 @@ static void fold_few(const fold_t *f, uint8_t *out, const uint8_t *a, const uint
 }
 
 #if defined(__x86_64__) && defined(__GNUC__)
-/* The AVX2 fold: 32 bytes at a time, written with non-temporal stores as the payload
- * copies are (a RECV_REDUCE's destination is a chunk of megabytes: read-for-ownership of
- * every line would be a third more memory traffic). Folding 48 MiB from cold memory took
- * 3.7 ms this way, 4.4 ms with plain vector stores and 6.8 ms through fold_scalar; a
- * 64 MiB 4-rank allreduce, median of 6 rounds: 119 ms a call, 122 and 123 ms. Head and
- * tail, and any 32 bytes whose float sum has a NaN, go element by element (fold_few). */
+#include <immintrin.h>
+/* The AVX2 fold: 32 bytes at a time, about twice fold_scalar's speed (48 MiB from cold
+ * memory: 3.7-4.4 ms against 6.8). Stores are plain (see the payload copies above): the
+ * folded chunk is the next step's SEND. Head and tail, and any 32 bytes whose float sum
+ * has a NaN, go element by element (fold_few). */
 __attribute__((target("avx2"))) static void fold_avx2(const fold_t *f, uint8_t *out,
                                                       const uint8_t *a, const uint8_t *b,
                                                       uint64_t n) {
@@ -291,9 +251,8 @@ __attribute__((target("avx2"))) static void fold_avx2(const fold_t *f, uint8_t *
         if (nan)
             fold_few(f, out + i, a + i, b + i, 32); /* a is intact: nothing stored yet */
         else
-            _mm256_stream_si256((__m256i *)(out + i), r);
+            _mm256_storeu_si256((__m256i *)(out + i), r);
     }
-    _mm_sfence(); /* the streamed lines are ordered before whatever publishes the result */
     fold_few(f, out + i, a + i, b + i, n - i);
 }
 
@@ -342,7 +301,7 @@ static uint32_t take_run(const uint8_t *buf, uint32_t k, uint32_t seg, const uin
         if (fold)
             fp_fold(fold, at + (uint64_t)i * pay, d + bth_len, pay);
         else
-            copy_payload(dst + (uint64_t)i * pay, d + bth_len, pay);
+            memcpy(dst + (uint64_t)i * pay, d + bth_len, pay);
         acc |= w2;
     }
     *ackreq |= acc & ackreq_bit;
@@ -385,7 +344,6 @@ uint64_t fp_take_runs(const uint8_t *buf, uint32_t slot, uint32_t j0, uint32_t r
             break;
         (*whole)++;
     }
-    copy_fence();
     return taken;
 }
 
@@ -814,7 +772,6 @@ int fp_bulk(bulk_t *b) {
             got = 1;
             uint32_t ackreq = 0;
             int left = bulk_batch(b, (uint32_t)r, now, &ackreq);
-            copy_fence();
             if (ackreq)
                 bulk_ack(b);
             if (left) {
