@@ -225,15 +225,20 @@ def test_a_wake_up_ends_the_wait(fp, pair) -> None:
     wake_w.close()
 
 
-def _ring_digest(comm, *, bulk: bool) -> dict:
-    # Ring allreduce, reduce_scatter and allgather of 8 MiB, in place and not: the
-    # steady state of every WRITE runs in fp_bulk, or in the engine's Python loop.
+def _world_digest(comm, *, bulk: bool) -> dict:
+    # Ring and halving-doubling allreduce, reduce_scatter and allgather of 8 MiB, in
+    # place and not: the steady state of every WRITE runs in fp_bulk, or in the engine's
+    # Python loop.
     from fpgaccl.host import engine
     engine.BULK_LOOP = bulk
     rng = np.random.default_rng(comm.rank)
     x = rng.standard_normal(2 << 20).astype(np.float32)
     y = np.empty_like(x)
     comm.allreduce(x, y, algo="ring")
+    z = np.empty_like(x)
+    comm.allreduce(x, z, algo="rhd")
+    w = x.copy()
+    comm.allreduce(w, algo="rhd")
     comm.allreduce(x, algo="ring")
     rs = np.empty(len(x) // comm.world_size, np.float32)
     comm.reduce_scatter(x, rs)
@@ -242,7 +247,7 @@ def _ring_digest(comm, *, bulk: bool) -> dict:
     ints = rng.integers(-1 << 40, 1 << 40, 1 << 20, np.int64)
     comm.allreduce(ints, algo="ring")
     st = comm.stats()
-    return {"common": y.tobytes() + x.tobytes() + ag.tobytes() + ints.tobytes(),
+    return {"common": b"".join(a.tobytes() for a in (y, z, w, x, ag, ints)),
             "mine": rs.tobytes(),
             "c": [st.get(k, 0) for k in ("bulk_runs", "bulk_rx_packets", "bulk_tx_packets",
                                          "bulk_acks_rx")]}
@@ -251,8 +256,8 @@ def _ring_digest(comm, *, bulk: bool) -> dict:
 def test_the_c_loop_gives_the_same_bytes_as_the_python_loop() -> None:
     if native.load() is None:
         pytest.skip(f"no C fast path: {native.reason}")
-    on = all_ok(run_world(4, _ring_digest, bulk=True, timeout=240))
-    off = all_ok(run_world(4, _ring_digest, bulk=False, timeout=240))
+    on = all_ok(run_world(4, _world_digest, bulk=True, timeout=240))
+    off = all_ok(run_world(4, _world_digest, bulk=False, timeout=240))
     # The C loop ran, and took, sent and was ACKed packets itself.
     assert all(min(r["c"]) > 0 for r in on), [r["c"] for r in on]
     assert all(max(r["c"]) == 0 for r in off)

@@ -195,3 +195,16 @@ def test_a_receive_posted_first_holds_nothing_back(world: int) -> None:
                            timeout=60))
     for r in res:
         assert r["ring"] and r["all_same"] and r["sum"] == world * (world + 1) // 2, r
+
+
+@pytest.mark.parametrize(("nbytes", "world", "algo"), [
+    (8, 4, "rd"), (256 << 10, 3, "rd"), ((256 << 10) + 4, 3, "rhd"), (1 << 20, 5, "rhd"),
+    ((1 << 20) + 4, 5, "ring"), ((1 << 20) + 4, 3, "ring"), (64 << 20, 6, "ring"),
+    ((1 << 20) + 4, 4, "rhd"), (64 << 20, 4, "rhd"), (64 << 20, 8, "rhd"), (64 << 20, 2, "rhd"),
+])
+def test_the_default_allreduce_program(nbytes: int, world: int, algo: str) -> None:
+    # Halving-doubling at every size past recursive doubling's in a world of 2^k ranks;
+    # elsewhere the ring past 1 MiB, where the fold to 2^k ranks would cost a vector.
+    from fpgaccl.host.communicator import _allreduce_default
+
+    assert _allreduce_default(nbytes, world) == algo
