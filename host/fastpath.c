@@ -32,8 +32,8 @@
 typedef uint32_t (*crc_fn)(uint32_t crc, const unsigned char *buf, uint64_t len);
 
 /* Payload copies into the landing buffer are plain memcpy, and so are the fold's stores:
- * the chunk a step lands or folds is what this rank sends at the next step of a ring, so
- * its lines are wanted in the cache. Non-temporal stores (used until stop 26) pushed
+ * the chunk a step lands or folds is what this rank sends at the next step (of a ring or
+ * of halving-doubling), so its lines are wanted in the cache. Non-temporal stores pushed
  * them out to memory, to be read back by the ICRC and the kernel's copy: in alternating
  * 64 MiB 4-rank allreduces they cost 0.4-3 ms of user time a call (means of two runs of
  * 5-6 pairs; 80-83 ms a call against 82-88 where both runs were in the fast mode). */
@@ -211,7 +211,7 @@ static void fold_few(const fold_t *f, uint8_t *out, const uint8_t *a, const uint
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 /* The AVX2 fold: 32 bytes at a time, about twice fold_scalar's speed (48 MiB from cold
- * memory: 3.7-4.4 ms against 6.8). Stores are plain (see the payload copies above): the
+ * memory: 4.4 ms against 6.8, measured alone; 3.7 with non-temporal stores). Stores are plain (see the payload copies above): the
  * folded chunk is the next step's SEND. Head and tail, and any 32 bytes whose float sum
  * has a NaN, go element by element (fold_few). */
 __attribute__((target("avx2"))) static void fold_avx2(const fold_t *f, uint8_t *out,

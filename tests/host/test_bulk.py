@@ -246,6 +246,7 @@ def _world_digest(comm, *, bulk: bool) -> dict:
     comm.allgather(rs, ag)
     ints = rng.integers(-1 << 40, 1 << 40, 1 << 20, np.int64)
     comm.allreduce(ints, algo="ring")
+    assert z.tobytes() == w.tobytes()  # the same program in place: the same bits
     st = comm.stats()
     return {"common": b"".join(a.tobytes() for a in (y, z, w, x, ag, ints)),
             "mine": rs.tobytes(),

@@ -201,6 +201,7 @@ def test_a_receive_posted_first_holds_nothing_back(world: int) -> None:
     (8, 4, "rd"), (256 << 10, 3, "rd"), ((256 << 10) + 4, 3, "rhd"), (1 << 20, 5, "rhd"),
     ((1 << 20) + 4, 5, "ring"), ((1 << 20) + 4, 3, "ring"), (64 << 20, 6, "ring"),
     ((1 << 20) + 4, 4, "rhd"), (64 << 20, 4, "rhd"), (64 << 20, 8, "rhd"), (64 << 20, 2, "rhd"),
+    (64 << 20, 1, "rhd"),
 ])
 def test_the_default_allreduce_program(nbytes: int, world: int, algo: str) -> None:
     # Halving-doubling at every size past recursive doubling's in a world of 2^k ranks;

@@ -263,24 +263,26 @@ def test_run_program_checks_the_program_before_anything_runs(comm) -> None:
     assert np.array_equal(got, np.arange(cap - 3, dtype=np.float32))
 
 
-def _uneven(comm, counts: list[int], dtypes: list[str]) -> str:
+def _uneven(comm, counts: list[int], dtypes: list[str], algo: str | None) -> str:
     x = np.ones(counts[comm.rank], dtypes[comm.rank])
     try:
-        comm.allreduce(x)
+        comm.allreduce(x, algo=algo)
     except (CountMismatchError, CollectiveTimeoutError) as e:
         return f"{type(e).__name__}: {e}"
     return "no error"
 
 
-@pytest.mark.parametrize("counts, dtypes", [
-    ([1000, 1004], ["float32", "float32"]),      # small: recursive doubling
-    ([300_000, 300_016], ["int32", "int32"]),    # large: ring
-    ([1000, 1000], ["float32", "float64"]),      # another element size
+@pytest.mark.parametrize("counts, dtypes, algo", [
+    ([1000, 1004], ["float32", "float32"], None),        # small: recursive doubling
+    ([300_000, 300_016], ["int32", "int32"], None),      # large: halving-doubling
+    ([300_000, 300_016], ["int32", "int32"], "ring"),
+    ([1000, 1000], ["float32", "float64"], None),        # another element size
 ])
-def test_ranks_that_disagree_on_the_count_get_an_error_not_a_result(counts, dtypes) -> None:
+def test_ranks_that_disagree_on_the_count_get_an_error_not_a_result(counts, dtypes,
+                                                                    algo) -> None:
     # The message a peer sends is not the span this rank reduces: the receiving rank
     # raises CountMismatchError naming the cause; none returns a result.
-    res = run_world(2, _uneven, counts=counts, dtypes=dtypes, timeout=60,
+    res = run_world(2, _uneven, counts=counts, dtypes=dtypes, algo=algo, timeout=60,
                     comm_kw={"deadline_s": 5}, _close=False)
     got = [v for s, v in res.values() if s == "ok"]
     assert len(got) == 2, res
