@@ -89,8 +89,8 @@ DEFAULT_STAGE_BYTES = 64 << 20
 """Bytes of each region buffer. Pages nobody touches are never made resident (peers land
 only where a program's grants say), so a large region costs address space, not memory;
 what it saves is segments: a 64 MiB 4-rank ring allreduce is 6 messages a rank instead
-of 24 at 16 MiB, and each message's FIRST and LAST take the engine's Python loop (82-86 ms a
-call against 102-115 here, the peak RSS unchanged)."""
+of 24 at 16 MiB, and each message's FIRST and LAST take the engine's Python loop
+(82-86 ms a call against 102-115 here, the peak RSS unchanged)."""
 _ALIGN = 4096
 FOLD_ON_RECEIVE = True
 """RECV_REDUCE folds its payload into the destination as it arrives, where it can
