@@ -48,7 +48,7 @@ def test_fold_is_the_reference_bit_for_bit(fp, nt: str, alias: bool) -> None:
     # Lengths around fp_fold's 512-element blocks and its 256-byte vector threshold; the
     # payload 4 bytes off an 8-byte boundary, as it lies after a 12-byte BTH in the
     # receive buffer; the destination one element off a 32-byte boundary (the vector
-    # path's scalar head) or the operand itself.
+    # path's stores unaligned) or the operand itself.
     dt = np.dtype(nt)
     dtype = DType.from_numpy(dt)
     rng = np.random.default_rng(dt.itemsize + alias)
