@@ -8,7 +8,7 @@ on this machine the simulated board of :mod:`fpgaccl.sim.board`, named by
 ``FPGACCL_BOARD=sim:PATH``), exchanges addresses, PSNs and keys with the other ranks at
 rendezvous (MASTER_ADDR/MASTER_PORT, as the software backend), connects its queue pairs
 and sets up the queues. A collective then is, per segment: IN stored into the engine's
-buffer, the program and context written (:func:`~.csr_plan.collective_writes`), one
+buffer, the program and context written (:func:`fpgaccl.proto.plans.collective_writes`), one
 ``WORK`` entry posted, the doorbell, the completion reaped and checked, OUT read back.
 The engine itself fetches the entry, runs the program and writes the completion.
 
@@ -34,12 +34,12 @@ from typing import Any
 import numpy as np
 
 from fpgaccl.errors import BackendUnavailableError, InvalidArgumentError, UnsupportedError
+from fpgaccl.proto.plans import Peer, connect_writes
 from fpgaccl.proto.queues import Opcode, Space, node_addr, work_imm
 from fpgaccl.proto.regmap import ENGINE_ID, REGMAP_VERSION, config_fields, default_map
 
 from .board_device import SimDevice
 from .communicator import check_world
-from .csr_plan import Peer, connect_writes
 from .driver import QueueDriver, check_completion
 from .rendezvous import exchange
 from .sim_backend import SimCommunicator, SimHandle, _Region

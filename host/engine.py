@@ -35,9 +35,9 @@ from fpgaccl.errors import (
 )
 from fpgaccl.proto.drops import DropReason
 from fpgaccl.proto.opcodes import ROCEV2_UDP_PORT, SUPPORTED_OPCODES, AethKind, Opcode
+from fpgaccl.proto.plans import QPN_BASE
 
 from . import native, wire
-from .csr_plan import QPN_BASE
 from .qp import (
     _MIDDLE,
     _WRITES,
@@ -295,7 +295,7 @@ class Engine:
         return sock
 
     def create_qp(self, peer: int) -> QueuePair:
-        # The HDL node's convention (host/csr_plan.py): QP i talks to rank i, QPN 0x100 + i.
+        # The HDL node's convention (proto/plans.py): QP i talks to rank i, QPN 0x100 + i.
         qpn = QPN_BASE + peer
         ring = np.zeros(self.slot_bytes * self.slots, np.uint8)
         rkey = int(self._rng.integers(1, 1 << 32))

@@ -38,11 +38,11 @@ reference) and of ``hw/sequencer`` + ``hw/datapath/router.py``:
 Memory -- the choice, and its cost
 ----------------------------------
 The HDL router reads a peer's buffer bases and rkey from ``peer`` registers written once
-at set-up (:func:`fpgaccl.host.csr_plan.connect_writes`), so a peer's IN/OUT/TMP/TMP2
+at set-up (:func:`fpgaccl.proto.plans.connect_writes`), so a peer's IN/OUT/TMP/TMP2
 addresses cannot change per call. Every engine therefore owns one fixed
 :class:`CollectiveRegion`, registered once with one rkey for every QP and advertised at
 rendezvous: four equal buffers IN | OUT | TMP | TMP2 of ``stage_bytes`` each (the
-:class:`fpgaccl.host.csr_plan.Peer` shape: one key, four addresses). Peers' WRITEs land
+:class:`fpgaccl.proto.plans.Peer` shape: one key, four addresses). Peers' WRITEs land
 only there. Per call the communicator:
 
 * passes the user's send buffer as IN directly (read-only for the library's programs; a

@@ -8,7 +8,7 @@ hardware switch) and hands each rank its Unix socket in ``FPGACCL_SIM_SOCKET``.
 goes through the very code path of the software backend -- the same argument checks,
 the same library program (:mod:`fpgaccl.proto.programs`), the same segmenting and
 ``coll_id`` numbering -- except that each segment is shipped to the server as the
-program's CSR writes (:func:`fpgaccl.host.csr_plan.collective_writes`) plus the IN bytes,
+program's CSR writes (:func:`fpgaccl.proto.plans.collective_writes`) plus the IN bytes,
 and the server returns OUT as the HDL engine wrote it. Results are therefore
 bit-identical to the software backend whenever both cut the same segments: always for
 vectors that fit one segment (``stage_bytes``, 1 MiB here, less the chunk padding), and
@@ -46,10 +46,8 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
-import json
 import os
 import socket
-import struct
 import threading
 import time
 from typing import Any
@@ -64,14 +62,15 @@ from fpgaccl.errors import (
     TransportError,
     UnsupportedError,
 )
+from fpgaccl.proto.framing import encode, recv_frame
 from fpgaccl.proto.isa import Buf, Instr, assemble
 from fpgaccl.proto.opcodes import ROCEV2_UDP_PORT
+from fpgaccl.proto.plans import QPN_BASE, collective_writes
 from fpgaccl.proto.reduce import DType, ReduceOp
 from fpgaccl.proto.regmap import default_map
 
 from .buffers import UserBuffer
 from .communicator import Communicator, loopback_ip
-from .csr_plan import QPN_BASE, collective_writes
 
 SOCKET_ENV = "FPGACCL_SIM_SOCKET"
 SIM_RANKS_ENV = "FPGACCL_SIM_RANKS"
@@ -84,50 +83,6 @@ SIM_STAGE_BYTES = 1 << 20
 """Each of IN, OUT, TMP, TMP2 in a node's 8 MiB memory; the segment size."""
 CLOCK_MHZ = 250
 """Times reported for simulated runs are cycles at this clock (the bench's 4 ns)."""
-
-_HEAD = struct.Struct(">II")
-
-
-def encode(header: dict, payload: bytes = b"") -> bytes:
-    head = json.dumps(header).encode()
-    return _HEAD.pack(len(head), len(payload)) + head + payload
-
-
-class FrameReader:
-    """Incremental decoder for a non-blocking reader (the server)."""
-
-    def __init__(self) -> None:
-        self.buf = bytearray()
-
-    def feed(self, data: bytes) -> list[tuple[dict, bytes]]:
-        self.buf += data
-        out = []
-        while len(self.buf) >= _HEAD.size:
-            hl, pl = _HEAD.unpack_from(self.buf)
-            end = _HEAD.size + hl + pl
-            if len(self.buf) < end:
-                break
-            head = json.loads(bytes(self.buf[_HEAD.size:_HEAD.size + hl]))
-            out.append((head, bytes(self.buf[_HEAD.size + hl:end])))
-            del self.buf[:end]
-        return out
-
-
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
-    buf = bytearray()
-    while len(buf) < n:
-        chunk = sock.recv(min(n - len(buf), 1 << 20))
-        if not chunk:
-            raise ConnectionError("the simulation server closed the connection")
-        buf += chunk
-    return bytes(buf)
-
-
-def recv_frame(sock: socket.socket) -> tuple[dict, bytes]:
-    hl, pl = _HEAD.unpack(_recv_exact(sock, _HEAD.size))
-    head = json.loads(_recv_exact(sock, hl))
-    return head, _recv_exact(sock, pl) if pl else b""
-
 
 def connect_unix(path: str, timeout_s: float, what: str) -> socket.socket:
     """A stream connection to ``path``, retried until the server listens or

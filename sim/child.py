@@ -50,7 +50,7 @@ class SocketServerProcess:
     def stop(self, timeout_s: float = 60.0) -> int:
         """Ask the child to shut down and wait for it; kill it if it does not end."""
         if self.proc.poll() is None and os.path.exists(self.socket):
-            from fpgaccl.host.sim_backend import encode
+            from fpgaccl.proto.framing import encode
             with contextlib.suppress(OSError), \
                     socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
                 s.connect(self.socket)

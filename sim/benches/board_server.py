@@ -29,7 +29,7 @@ import time
 import cocotb
 from cocotb.triggers import ClockCycles, Event
 
-from fpgaccl.host.sim_backend import FrameReader, encode
+from fpgaccl.proto.framing import FrameReader, encode
 from fpgaccl.proto.regmap import ENGINE_ID
 from fpgaccl.sim import bench_params
 from fpgaccl.sim.hdl.switch import node_ip, node_mac

@@ -10,8 +10,8 @@ import cocotb
 import numpy as np
 from cocotb.triggers import ClockCycles
 
-from fpgaccl.host.csr_plan import collective_writes, connect_writes, doorbell
 from fpgaccl.proto import programs as P
+from fpgaccl.proto.plans import collective_writes, connect_writes, doorbell
 from fpgaccl.proto.reduce import DType, ReduceOp
 from fpgaccl.proto.regmap import ENGINE_ID
 from fpgaccl.sim import bench_params

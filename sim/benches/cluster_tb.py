@@ -16,7 +16,7 @@ import contextlib
 from cocotb.clock import Clock
 from cocotb.triggers import ClockCycles, RisingEdge, SimTimeoutError, ValueChange, with_timeout
 
-from fpgaccl.host.csr_plan import Peer
+from fpgaccl.proto.plans import Peer
 from fpgaccl.proto.regmap import default_map
 from fpgaccl.sim.hdl.link import LINK_COUNTERS, LINK_REGS
 from fpgaccl.sim.hdl.switch import node_ip, node_mac

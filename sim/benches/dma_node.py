@@ -26,8 +26,8 @@ import numpy as np
 from cocotb.clock import Clock
 from cocotb.triggers import ClockCycles, FallingEdge, RisingEdge
 
-from fpgaccl.host.csr_plan import Peer, collective_writes, connect_writes
 from fpgaccl.proto import programs as P
+from fpgaccl.proto.plans import Peer, collective_writes, connect_writes
 from fpgaccl.proto.queues import Opcode, Space, Status, node_addr, work_imm
 from fpgaccl.proto.reduce import DType, ReduceOp
 from fpgaccl.sim import bench_params

@@ -3,7 +3,7 @@
 It listens on a Unix socket (``params["socket"]``); each rank process of
 ``fpgaccl run --backend sim`` connects, claims node ``rank`` (``hello``) and then sends
 collectives: the CSR writes of its program and context (built on the rank by
-:func:`fpgaccl.host.csr_plan.collective_writes`) plus its IN bytes. A collective starts
+:func:`fpgaccl.proto.plans.collective_writes`) plus its IN bytes. A collective starts
 when every rank of the world has submitted it: the server writes each node's IN through
 the memory backdoor, loads its program, rings all doorbells, then runs the clock in
 batches of :data:`BATCH` cycles until each node's ``busy`` drops, and answers each rank
@@ -42,9 +42,10 @@ import time
 import cocotb
 from cocotb.triggers import ClockCycles, RisingEdge
 
-from fpgaccl.host.csr_plan import Peer, connect_writes, doorbell
-from fpgaccl.host.sim_backend import BRIDGE_ENV, FrameReader, encode
+from fpgaccl.host.sim_backend import BRIDGE_ENV
 from fpgaccl.hw.stream.beat import beat_layout
+from fpgaccl.proto.framing import FrameReader, encode
+from fpgaccl.proto.plans import Peer, connect_writes, doorbell
 from fpgaccl.proto.regmap import ENGINE_ID
 from fpgaccl.sim import bench_params
 from fpgaccl.sim.bridge import UdpBridge, ip_int

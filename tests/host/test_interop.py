@@ -3,7 +3,7 @@
 Rank 0 is a real software engine running ``ring_allreduce(0, 2)``; rank 1 is played by
 hand the way ``hw/node.py`` + ``hw/datapath/router.py`` behave: frames built with
 :func:`fpgaccl.proto.build_frame` from UDP source port ``0xC000 + qp``, QPN
-``QPN_BASE + rank``, one rkey and four buffer bases as :class:`csr_plan.Peer` holds them,
+``QPN_BASE + rank``, one rkey and four buffer bases as :class:`fpgaccl.proto.plans.Peer` holds them,
 ``COLLECTIVE_IMM`` immediates; every frame rank 0 sends is decoded by the HDL path's
 reference parser :func:`fpgaccl.proto.parse_frame` (ICRC included) and checked against
 those conventions. The run only completes if rank 0 accepts the HDL-style frames.
@@ -17,7 +17,6 @@ import time
 import numpy as np
 
 from fpgaccl.host import wire
-from fpgaccl.host.csr_plan import QPN_BASE
 from fpgaccl.host.engine import Engine
 from fpgaccl.host.executor import CollectiveRegion, RemoteBuffers, execute
 from fpgaccl.host.pcap import frame
@@ -25,6 +24,7 @@ from fpgaccl.proto import COLLECTIVE_IMM, build_frame, parse_frame
 from fpgaccl.proto.drops import DropReason
 from fpgaccl.proto.isa import Buf, SeqOp, chunk_size
 from fpgaccl.proto.opcodes import ACK_CREDIT_INVALID, AethKind, Opcode, aeth_syndrome
+from fpgaccl.proto.plans import QPN_BASE
 from fpgaccl.proto.programs import ring_allreduce
 from fpgaccl.proto.reduce import DType, ReduceOp, reduce_reference
 

@@ -6,9 +6,9 @@ WORK entry for a disabled node completes with NOT_STARTED."""
 import pytest
 from amaranth.sim import Simulator
 
-from fpgaccl.host.csr_plan import collective_writes
 from fpgaccl.hw.dma_node import DmaNode
 from fpgaccl.proto import programs as P
+from fpgaccl.proto.plans import collective_writes
 from fpgaccl.proto.queues import Opcode, Space, Status, node_addr, pack_wqe, unpack_cqe, work_imm
 from fpgaccl.proto.reduce import DType, ReduceOp
 from fpgaccl.sim.benches.dma_agents import AxiAgent, run_agents
