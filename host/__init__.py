@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from .buffers import DTYPES, OPS, DeviceArray
-from .communicator import Communicator, Handle, init
+from .communicator import Communicator, Handle
+from .environment import init
 
 __all__ = ["DTYPES", "OPS", "Communicator", "DeviceArray", "Handle", "init"]

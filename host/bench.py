@@ -223,7 +223,7 @@ def _measure(case: _Case, inplace: bool, args: argparse.Namespace) -> tuple[floa
             t0 = time.perf_counter()
             out = case.run(inplace)
             # On sim the time is the engines', in simulated cycles at the stated clock.
-            total += (case.comm.last_cycles / (case.comm.clock_mhz * 1e6) if sim
+            total += (case.comm.impl.last_cycles / (case.comm.clock_mhz * 1e6) if sim
                       else time.perf_counter() - t0)
             if args.check:
                 wrong += case.wrong(out)
@@ -277,7 +277,7 @@ def format_row(row: dict) -> str:
 
 
 def worker(args: argparse.Namespace) -> int:
-    from .communicator import init
+    from .environment import init
     comm = init(mtu=args.mtu)
     lead = comm.rank == 0
     coll = args.collective

@@ -14,10 +14,9 @@ import os
 from typing import Any
 
 from fpgaccl.errors import BackendUnavailableError, TransportError
-from fpgaccl.proto.framing import encode, recv_frame
+from fpgaccl.proto.framing import connect_unix, encode, recv_frame
 
 from .driver import PageEntry, Writes
-from .sim_backend import connect_unix
 
 BOARD_ENV = "FPGACCL_BOARD"
 """``sim:PATH``: the simulated board listening at PATH."""

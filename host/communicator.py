@@ -2,33 +2,28 @@
 
 Every call validates its arguments on the calling rank (typed errors naming the
 argument), picks a sequencer program from :mod:`fpgaccl.proto.programs` -- the very
-programs the HDL sequencer runs -- and submits it to the rank's engine, whose
-:mod:`fpgaccl.host.executor` runs it with the HDL's wire protocol. What the library has
-no program for (alltoallv, send/recv, barrier, and the ``tree`` algorithms) runs as a
-schedule from :mod:`fpgaccl.host.algorithms` over the per-peer receive rings.
-Synchronous calls wait; ``*_async`` variants return a :class:`Handle`.
+programs the HDL sequencer runs --, cuts the vector into segments the engine's region
+holds and numbers them, and hands that to the rank's backend
+(:mod:`fpgaccl.host.backends`): the software engine, a simulated HDL node or a board.
+What the library has no program for (alltoallv, send/recv, barrier, and the ``tree``
+algorithms) runs as a host schedule from :mod:`fpgaccl.host.algorithms` on a backend
+that has them. Synchronous calls wait; with ``async_op=True`` they return a
+:class:`Handle`.
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import functools
-import ipaddress
 import math
 import operator
-import os
-import socket
 import threading
-import warnings
-from collections.abc import Mapping, Sequence
-from pathlib import Path
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
 from fpgaccl.errors import (
-    BackendUnavailableError,
     CollectiveTimeoutError,
     CountMismatchError,
     DtypeMismatchError,
@@ -36,18 +31,14 @@ from fpgaccl.errors import (
     UnsupportedError,
 )
 from fpgaccl.proto import programs as lib
-from fpgaccl.proto.drops import DropReason
 from fpgaccl.proto.isa import Buf, Instr, checked_program
 from fpgaccl.proto.reduce import DType, ReduceOp
 
 from . import algorithms as alg
-from . import wire
+from .backends import Backend, open_backend
+from .backends.base import Pending, Program, ProgramRun, Segment
 from .buffers import UserBuffer, as_buffer, resolve_op
-from .engine import SOCKET_BUFFER_BYTES, SOFTWARE_WINDOW_BYTES, Engine, Job
-from .executor import DEFAULT_STAGE_BYTES, CollectiveRegion, execute, setup_chunks
-from .link import ImpairedLink
-from .pcap import PcapWriter
-from .rendezvous import exchange
+from .executor import setup_chunks
 
 ALGOS = {
     "allreduce": ("ring", "rhd", "rd", "tree"),
@@ -113,7 +104,8 @@ def chain_segments(nbytes: int) -> int:
 class Handle:
     """An in-flight collective: ``wait()`` returns its result, ``test()`` polls it."""
 
-    def __init__(self, job: Job, result: Any, keep: Sequence[UserBuffer], rank: int) -> None:
+    def __init__(self, job: Pending, result: Any, keep: Sequence[UserBuffer],
+                 rank: int) -> None:
         self._job = job
         self._result = result
         self._keep = keep  # buffers must outlive the transfer
@@ -145,24 +137,8 @@ class Handle:
                     ub.finish()
 
 
-def _local_ip_towards(addr: str) -> str:
-    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    try:
-        s.connect((addr, 9))
-        return s.getsockname()[0]
-    finally:
-        s.close()
-
-
-def loopback_ip(master_port: int, rank: int) -> str:
-    """A per-run loopback subnet (all of 127/8 is local), so runs never share port 4791."""
-    if rank >= 254:
-        raise InvalidArgumentError("world_size", "local runs support at most 254 ranks")
-    return f"127.{(master_port >> 8) & 0xFF}.{master_port & 0xFF}.{rank + 1}"
-
-
 def check_world(rank: int, world_size: int, deadline_s: float) -> None:
-    """The arguments every backend's constructor takes, checked alike."""
+    """The arguments every backend takes, checked alike."""
     if not isinstance(world_size, int) or world_size < 1:
         raise InvalidArgumentError("world_size", f"{world_size!r} must be a positive int")
     if not isinstance(rank, int):
@@ -178,138 +154,66 @@ def check_world(rank: int, world_size: int, deadline_s: float) -> None:
 
 
 class Communicator:
-    """``world_size`` ranks joined by one RC queue pair per peer.
+    """``world_size`` ranks running collectives on one engine each.
 
-    ``backend="sim"`` gives a :class:`fpgaccl.host.sim_backend.SimCommunicator`: the same
-    API and programs, run by a node of the Verilator-simulated cluster. ``backend="board"``
-    gives a :class:`fpgaccl.host.board_backend.BoardCommunicator`: the runtime drives a
-    DMA-capable engine through its registers, submission and completion queues."""
-
-    def __new__(cls, *args: Any, **kwargs: Any) -> Communicator:
-        backend = kwargs.get("backend", args[2] if len(args) > 2 else "software")
-        if cls is Communicator and backend == "sim":
-            from .sim_backend import SimCommunicator
-            cls = SimCommunicator
-        elif cls is Communicator and backend == "board":
-            from .board_backend import BoardCommunicator
-            cls = BoardCommunicator
-        return super().__new__(cls)
+    ``backend`` names the engine (:mod:`fpgaccl.host.backends`): ``"software"`` (the
+    default: RoCEv2 over UDP from this process), ``"sim"`` (a node of the
+    Verilator-simulated cluster) or ``"board"`` (a DMA-capable engine driven through its
+    registers and queues). Keyword options go to the backend: the software engine's are
+    ``master_addr``, ``master_port``, ``bind_ip``, ``mtu``, ``rto_s``, ``impair``,
+    ``pcap``, ``slot_bytes``, ``slots``, ``initial_psn``, ``rendezvous_timeout_s``,
+    ``stage_bytes`` and ``socket_buffer_bytes``; the others take what applies to them.
+    ``deadline_s`` bounds each call (default: the backend's).
+    """
 
     def __init__(self, rank: int, world_size: int, backend: str = "software", *,
-                 master_addr: str | None = None, master_port: int | None = None,
-                 bind_ip: str | None = None, mtu: int = 4096, deadline_s: float = 60.0,
-                 rto_s: float = 0.05, impair: str | ImpairedLink | None = None,
-                 pcap: str | Path | None = None, slot_bytes: int = 256 * 1024, slots: int = 8,
-                 initial_psn: int | None = None, rendezvous_timeout_s: float = 60.0,
-                 stage_bytes: int = DEFAULT_STAGE_BYTES,
-                 socket_buffer_bytes: int = SOCKET_BUFFER_BYTES) -> None:
-        if backend != "software":
-            raise BackendUnavailableError(
-                f"backend {backend!r} is not available from the host runtime yet; "
-                "use backend='software', 'sim' or 'board'")
+                 deadline_s: float | None = None, **options: Any) -> None:
+        opener, default_deadline = open_backend(backend)
+        deadline_s = default_deadline if deadline_s is None else deadline_s
         check_world(rank, world_size, deadline_s)
         self.rank = rank
         self.world_size = world_size
         self.backend = backend
         self.deadline_s = deadline_s
-        master_addr = master_addr or os.environ.get("MASTER_ADDR", "127.0.0.1")
-        master_port = int(master_port or os.environ.get("MASTER_PORT", 29500))
-        if bind_ip is None:
-            bind_ip = os.environ.get("FPGACCL_BIND_IP")
-        if bind_ip is None:
-            if ipaddress.ip_address(socket.gethostbyname(master_addr)).is_loopback:
-                bind_ip = loopback_ip(master_port, rank)
-            else:
-                bind_ip = _local_ip_towards(master_addr)
-        if isinstance(impair, str):
-            impair = ImpairedLink.parse(impair, seed=rank)
-        self.link = impair
-        self._pcap = PcapWriter(pcap) if pcap else None
-        try:
-            self.engine = Engine(rank, bind_ip, mtu=mtu, slot_bytes=slot_bytes, slots=slots,
-                                 rto_s=rto_s, link=impair,
-                                 tap=self._pcap.tap if self._pcap else None,
-                                 socket_buffer_bytes=socket_buffer_bytes)
-        except BaseException:
-            self._close_pcap()
-            raise
-        try:
-            rng = np.random.default_rng()
-            psn0 = {}
-            qps = {}
-            for peer in range(world_size):
-                if peer == rank:
-                    continue
-                qp = self.engine.create_qp(peer)
-                psn0[peer] = (int(rng.integers(0, wire.PSN_MOD)) if initial_psn is None
-                              else initial_psn & wire.PSN_MASK)
-                qps[str(peer)] = {"qpn": qp.qpn, "psn": psn0[peer], "va": qp.ring.va,
-                                  "rkey": qp.ring.rkey}
-            self.region = CollectiveRegion(self.engine, stage_bytes)
-            self.engine.plan_rx(world_size - 1)
-            info = {"ip": self.engine.addr[0], "port": self.engine.addr[1], "qps": qps,
-                    "coll": self.region.info(), "backend": "software",
-                    "rcvbuf": self.engine.rcvbuf, "gro": self.engine.gro,
-                    "rx_per_peer": self.engine.rx_per_peer}
-            table = exchange(rank, world_size, (socket.gethostbyname(master_addr), master_port),
-                             info, rendezvous_timeout_s)
-            for peer, qp in self.engine.by_peer.items():
-                theirs = table[peer]["qps"][str(rank)]
-                qp.connect(remote_qpn=theirs["qpn"], addr=(table[peer]["ip"], table[peer]["port"]),
-                           local_ip=self.engine.addr[0], send_psn=psn0[peer],
-                           recv_psn=theirs["psn"], remote_va=theirs["va"],
-                           remote_rkey=theirs["rkey"])
-                if table[peer].get("backend") == "software":
-                    qp.ack_delay = self.engine.ack_delay_s
-            self.engine.open_peer_sockets()
-            # Only software peers: a bigger send window (an HDL node's receive path has no
-            # socket buffer to absorb one).
-            if all(t.get("backend") == "software" for t in table):
-                self.engine.window = max(self.engine.window,
-                                         SOFTWARE_WINDOW_BYTES // self.engine.mtu)
-            peers = [(int(t["rcvbuf"]), bool(t.get("gro")), bool(t.get("rx_per_peer")))
-                     for p, t in enumerate(table) if p != rank and "rcvbuf" in t]
-            smallest = min((b for b, _, _ in peers), default=0)
-            if self.engine.fit_window(peers, world_size - 1) and rank == 0 and \
-                    smallest < 2 * socket_buffer_bytes:
-                # Smaller buffers than this rank asked for: a kernel cap (or a peer's choice).
-                warnings.warn(
-                    f"fpgaccl: the smallest UDP receive buffer of the world "
-                    f"({smallest // 2} bytes granted, {socket_buffer_bytes} asked "
-                    f"for) holds a send window of only {self.engine.window * self.engine.mtu} "
-                    "bytes per peer, which slows large collectives. The kernel grants at most "
-                    f"net.core.rmem_max: `sysctl -w net.core.rmem_max={socket_buffer_bytes}`, or "
-                    "CAP_NET_ADMIN, lifts that cap", RuntimeWarning, stacklevel=2)
-            self.peers = [(t["ip"], t["port"]) for t in table]
-            self.remotes = {p: CollectiveRegion.remote(table[p]["coll"])
-                            for p in range(world_size) if p != rank}
-            # Every rank cuts the same segments: from the smallest region of the world.
-            self.stage_bytes = min(int(t["coll"]["stage_bytes"]) for t in table)
-            self._coll = 0
-            self._p2p_send = [0] * world_size
-            self._p2p_recv = [0] * world_size
-            self._lock = threading.Lock()
-            self._closed = False
-            self.engine.start()
-        except BaseException:
-            # A world that did not form: its sockets and address go back at once, so
-            # that this process may try again. The first error is the one to see.
-            with contextlib.suppress(Exception):
-                self.engine.stop()
-            self._close_pcap()
-            raise
+        self._coll = 0
+        self._p2p_send = [0] * world_size
+        self._p2p_recv = [0] * world_size
+        self._lock = threading.Lock()
+        self._closed = False
+        self.impl: Backend = opener(rank, world_size, **options)
+        """The backend's object (:class:`fpgaccl.host.backends.Backend`)."""
+
+    @property
+    def stage_bytes(self) -> int:
+        """Bytes of the engine's region every rank cuts its segments from."""
+        return self.impl.stage_bytes
+
+    @property
+    def clock_mhz(self) -> float | None:
+        """The engine's clock where times are counted in its cycles (simulation)."""
+        return self.impl.clock_mhz
 
     # ------------------------------------------------------------------ plumbing
-    def _submit(self, name: str, program: alg.Program, result: Any, keep: list[UserBuffer],
-                async_op: bool, *, ordered: bool = True) -> Any:
-        job = self.engine.submit(name, program, self.deadline_s, ordered=ordered)
+    def _handle(self, job: Pending, result: Any, keep: list[UserBuffer],
+                async_op: bool) -> Any:
         handle = Handle(job, result, keep, self.rank)
         return handle if async_op else handle.wait()
+
+    def _schedule(self, name: str, body: Callable[[alg.Ctx], Program], result: Any,
+                  keep: list[UserBuffer], async_op: bool) -> Any:
+        """Run a host schedule (no sequencer program) as the next collective."""
+        job = self.impl.schedule(name, body, self._next_coll(), self.deadline_s)
+        return self._handle(job, result, keep, async_op)
+
+    def _need_schedules(self, argument: str, what: str) -> None:
+        if not self.impl.host_schedules:
+            raise UnsupportedError(argument, f"{what} has no sequencer program, and the "
+                                   f"{self.backend} backend runs sequencer programs only")
 
     def _segment_elements(self, nchunks: int, dt: np.dtype) -> int:
         """Elements of ``dt`` one program run holds with ``nchunks`` chunks: the region,
         less the rounding up of the chunks' size (``nchunks * ceil(n / nchunks)`` must fit)."""
-        return self.stage_bytes // dt.itemsize - (nchunks - 1)
+        return self.impl.stage_bytes // dt.itemsize - (nchunks - 1)
 
     def _segments(self, program: Sequence[Instr], *, m: int, blocks: int,
                   dt: np.dtype) -> tuple[int, int, int]:
@@ -319,7 +223,7 @@ class Communicator:
         nch = setup_chunks(program)
         seg = self._segment_elements(nch, dt) // blocks
         if seg < 1:
-            raise InvalidArgumentError("stage_bytes", f"{self.stage_bytes} bytes cannot hold "
+            raise InvalidArgumentError("stage_bytes", f"{self.impl.stage_bytes} bytes cannot hold "
                                        f"{nch} chunks of {dt}")
         nseg = -(-m // seg)
         with self._lock:
@@ -339,29 +243,17 @@ class Communicator:
         ``out`` (one block only: the caller's result array), OUT is ``out[lo:hi]``
         itself, bound over the region's OUT, and nothing is copied out.
         """
-        dtype = _dtype_of(dt)
-        rop = _op_of(op) if op else ReduceOp.SUM
         seg, nseg, c0 = self._segments(program, m=m, blocks=blocks, dt=dt)
-        engine, region, remotes, rank = self.engine, self.region, self.remotes, self.rank
-
-        def job() -> alg.Program:
-            for k in range(nseg):
-                lo, hi = k * seg, min(m, (k + 1) * seg)
-                cnt = blocks * (hi - lo)
-                direct = None if out is None else out[lo:hi]
-                yield from execute(engine, region, remotes, program, rank=rank,
-                                   coll_id=c0 + 1 + k, count=cnt, dtype=dtype, op=rop,
-                                   inbuf=get_in(lo, hi), outbuf=direct,
-                                   check_lengths=check_lengths)
-                if direct is None:
-                    put_out(region.view(Buf.OUT, dt, cnt), lo, hi)
-
-        return self._submit(name, job(), result, keep, async_op)
+        segments = [Segment((c0 + 1 + k) & 0xFFFF, k * seg, min(m, (k + 1) * seg),
+                            blocks * (min(m, (k + 1) * seg) - k * seg)) for k in range(nseg)]
+        run = ProgramRun(name, program, _dtype_of(dt), dt, _op_of(op) if op else ReduceOp.SUM,
+                         segments, get_in, put_out, out, check_lengths)
+        return self._handle(self.impl.run(run, self.deadline_s), result, keep, async_op)
 
     def _gather_in(self, full: np.ndarray, m: int, blocks: int, whole: bool) -> Any:
         """get_in for block-structured IN: the user's buffer itself when one segment
         covers it (``whole``), else block slices gathered into the region's IN."""
-        region = self.region
+        region = self.impl.staging
 
         def get_in(lo: int, hi: int) -> np.ndarray:
             if whole and lo == 0 and hi == m:
@@ -386,10 +278,11 @@ class Communicator:
 
         return put_out
 
-    def _ctx(self) -> alg.Ctx:
+    def _next_coll(self) -> int:
+        """The coll_id of a call that runs one program or schedule, not segments."""
         with self._lock:
             self._coll = (self._coll + 1) & 0xFFFF
-            return alg.Ctx(self.engine, self.rank, self.world_size, self._coll)
+            return self._coll
 
     def _check_open(self) -> None:
         if self._closed:
@@ -441,14 +334,14 @@ class Communicator:
         work = r.array
         sa = s.array
         if algo == "tree":  # no sequencer program: a host schedule
-            ctx = self._ctx()
+            self._need_schedules("algo", "allreduce algo='tree'")
 
-            def program() -> alg.Program:
+            def body(ctx: alg.Ctx) -> Program:
                 if not inplace:
                     work[:] = sa
                 yield from alg.allreduce_tree(ctx, work, ufunc)
 
-            return self._submit("allreduce", program(), result, [s, r], async_op)
+            return self._schedule("allreduce", body, result, [s, r], async_op)
         gen = _ALLREDUCE_PROGRAMS[algo]
         prog = _library(gen, self.rank, self.world_size)
 
@@ -492,9 +385,9 @@ class Communicator:
                                  get_in=lambda lo, hi: sa[lo:hi], put_out=put_out,
                                  result=result, keep=[s] + ([r] if r else []),
                                  async_op=async_op)
-        ctx = self._ctx()
+        self._need_schedules("algo", "reduce algo='tree'")
 
-        def program() -> alg.Program:
+        def body(ctx: alg.Ctx) -> Program:
             if is_root:
                 work = r.array
                 if not inplace:
@@ -503,7 +396,7 @@ class Communicator:
                 work = sa.copy()  # the tree reduces into it; the user's buffer stays intact
             yield from alg.reduce_tree(ctx, work, ufunc, root, 0)
 
-        return self._submit("reduce", program(), result, [s] + ([r] if r else []), async_op)
+        return self._schedule("reduce", body, result, [s] + ([r] if r else []), async_op)
 
     def broadcast(self, buf: Any, root: int = 0, *, algo: str | None = None,
                   async_op: bool = False) -> Any:
@@ -524,12 +417,12 @@ class Communicator:
             return self._program("broadcast", prog, m=work.size, blocks=1, dt=work.dtype,
                                  op=None, get_in=lambda lo, hi: work[lo:hi], put_out=put_out,
                                  result=self._out(b, buf), keep=[b], async_op=async_op)
-        ctx = self._ctx()
+        self._need_schedules("algo", "broadcast algo='tree'")
 
-        def program() -> alg.Program:
+        def body(ctx: alg.Ctx) -> Program:
             yield from alg.bcast_tree(ctx, work, root, 0)
 
-        return self._submit("broadcast", program(), self._out(b, buf), [b], async_op)
+        return self._schedule("broadcast", body, self._out(b, buf), [b], async_op)
 
     def reduce_scatter(self, sendbuf: Any, recvbuf: Any = None, op: str = "sum", *,
                        algo: str | None = None, async_op: bool = False) -> Any:
@@ -598,7 +491,7 @@ class Communicator:
         self._algo("allgather", algo, "ring")
         out = r.array
         me = self.rank
-        region = self.region
+        region = self.impl.staging
 
         if mine is None:
             get_in = self._gather_in(out, n, p, True)
@@ -662,6 +555,7 @@ class Communicator:
             raise CountMismatchError("sendcounts", f"exceed sendbuf's {s.array.size} elements")
         if recvbuf is None:
             raise InvalidArgumentError("recvbuf", "alltoallv needs a separate receive buffer")
+        self._need_schedules("sendcounts", "alltoallv")
         return self._alltoallv("alltoallv", s, recvbuf, sc, sd, rc, rd, algo, async_op, recvbuf)
 
     def _counts(self, counts: Sequence[int], name: str) -> list[int]:
@@ -696,14 +590,13 @@ class Communicator:
             raise CountMismatchError("recvbuf" if name == "alltoall" else "recvcounts",
                                      f"{r.array.size} elements cannot hold the blocks")
         self._algo(name, algo, "direct")
-        ctx = self._ctx()
         sa, ra = s.array, r.array
 
-        def program() -> alg.Program:
+        def body(ctx: alg.Ctx) -> Program:
             src = sa.copy() if inplace else sa  # in place, blocks would be overwritten unsent
             yield from alg.alltoallv_direct(ctx, src, sd, sc, ra, rd, rc)
 
-        return self._submit(name, program(), self._out(r, result_of), [s, r], async_op)
+        return self._schedule(name, body, self._out(r, result_of), [s, r], async_op)
 
     def run_program(self, program: Sequence[Instr], sendbuf: Any, op: str = "sum", *,
                     async_op: bool = False) -> Any:
@@ -727,7 +620,7 @@ class Communicator:
         most = self._segment_elements(nch, sa.dtype)
         if sa.size > most:
             raise CountMismatchError("sendbuf", f"{sa.size} elements do not fit the "
-                                     f"{self.stage_bytes}-byte collective region in one "
+                                     f"{self.impl.stage_bytes}-byte collective region in one "
                                      f"piece: at most {max(most, 0)} of {sa.dtype} with "
                                      f"{nch} chunks")
         out = np.empty_like(sa)
@@ -742,9 +635,10 @@ class Communicator:
                              keep=[s], async_op=async_op, check_lengths=False)
 
     def barrier(self, *, async_op: bool = False) -> Any:
+        """Returns once every rank has entered."""
         self._check_open()
-        ctx = self._ctx()
-        return self._submit("barrier", alg.barrier_dissemination(ctx), None, [], async_op)
+        return self._handle(self.impl.barrier(self._next_coll(), self.deadline_s), None, [],
+                            async_op)
 
     # ------------------------------------------------------------------ point to point
     def _peer(self, peer: int, name: str) -> int:
@@ -755,29 +649,22 @@ class Communicator:
         return int(peer)
 
     def send(self, buf: Any, dst: int, *, async_op: bool = False) -> Any:
+        self._need_schedules("dst", "send")
         self._check_open()
         dst = self._peer(dst, "dst")
         b = as_buffer(buf, "buf")
         seq = self._p2p_next(self._p2p_send, dst)
-        arr = b.array
-
-        def program() -> alg.Program:
-            yield self.engine.send(dst, seq, wire.STEP_P2P, memoryview(arr.view(np.uint8)))
-
-        return self._submit("send", program(), None, [b], async_op, ordered=False)
+        job = self.impl.send(dst, seq, b.array, self.deadline_s)
+        return self._handle(job, None, [b], async_op)
 
     def recv(self, buf: Any, src: int, *, async_op: bool = False) -> Any:
+        self._need_schedules("src", "recv")
         self._check_open()
         src = self._peer(src, "src")
         b = as_buffer(buf, "buf", writable=True)
         seq = self._p2p_next(self._p2p_recv, src)
-        arr = b.array
-
-        def program() -> alg.Program:
-            yield self.engine.recv(src, seq, wire.STEP_P2P, arr, None, "buf")
-
-        return self._submit("recv", program(), self._out(b, buf), [b], async_op,
-                            ordered=False)
+        job = self.impl.recv(src, seq, b.array, self.deadline_s)
+        return self._handle(job, self._out(b, buf), [b], async_op)
 
     def _p2p_next(self, counters: list[int], peer: int) -> int:
         # One counter per direction and peer: sends to j pair with j's receives from us.
@@ -788,100 +675,24 @@ class Communicator:
     # ------------------------------------------------------------------ introspection
     def drop_counters(self) -> dict[str, int]:
         """Per-reason drop counters (the CSR ``drops`` block of the hardware)."""
-        return {r.name: self.engine.drops[r] for r in DropReason}
+        return self.impl.drop_counters()
 
     def stats(self) -> dict[str, int]:
-        out = dict(self.engine.stats)
-        if self.link is not None:
-            out.update({f"link_{k}": v for k, v in self.link.stats.items()})
-        return out
+        return self.impl.stats()
 
     def close(self, *, linger_s: float | None = None) -> None:
-        """Leave the world: a last barrier, then keep answering retransmissions briefly."""
+        """Leave the world: a last barrier where the backend needs one, then the backend
+        closes (the software engine keeps answering retransmissions briefly)."""
         if self._closed:
             return
-        if self.engine.failed is None and self.world_size > 1:
+        if self.world_size > 1 and self.impl.barrier_at_close:
             with contextlib.suppress(Exception):
                 self.barrier()
         self._closed = True
-        linger = max(0.05, 4 * self.engine.rto_s) if linger_s is None else linger_s
-        if self.world_size > 1:
-            self.engine.idle_for(linger)
-        self.engine.stop()
-        self._close_pcap()
-
-    def _close_pcap(self) -> None:
-        if self._pcap is not None:
-            self._pcap.close()
+        self.impl.close(linger_s)
 
     def __enter__(self) -> Communicator:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-_WORLD: Communicator | None = None
-
-
-_RANK_VARS = ("FPGACCL_RANK", "RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
-_SIZE_VARS = ("FPGACCL_WORLD_SIZE", "WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE",
-              "PMI_SIZE")
-
-
-def world_from_env(env: Mapping[str, str] | None = None) -> tuple[int, int]:
-    """(rank, world_size) from whichever launcher's variables are set; (0, 1) if none."""
-    env = os.environ if env is None else env
-    for rank_var, size_var in zip(_RANK_VARS, _SIZE_VARS, strict=True):
-        if env.get(rank_var, "") != "" and env.get(size_var, "") != "":
-            try:
-                return int(env[rank_var]), int(env[size_var])
-            except ValueError:
-                raise InvalidArgumentError(rank_var, f"{env[rank_var]!r} / {size_var}="
-                                           f"{env[size_var]!r} are not integers") from None
-    return 0, 1
-
-
-def _spans_hosts(env: Mapping[str, str]) -> bool:
-    """Whether Slurm or OpenMPI placed this job's ranks on more than one host."""
-    try:
-        if int(env.get("SLURM_NNODES") or env.get("SLURM_JOB_NUM_NODES") or 1) > 1:
-            return True
-        local, size = env.get("OMPI_COMM_WORLD_LOCAL_SIZE"), env.get("OMPI_COMM_WORLD_SIZE")
-        return bool(local and size) and int(local) < int(size)
-    except ValueError:
-        return False
-
-
-def init(backend: str | None = None, **kwargs: Any) -> Communicator:
-    """This process's communicator, from the environment of whichever launcher started it.
-
-    ``fpgaccl run`` sets FPGACCL_RANK/FPGACCL_WORLD_SIZE; torchrun sets RANK/WORLD_SIZE/
-    MASTER_ADDR/MASTER_PORT; Slurm SLURM_PROCID/SLURM_NTASKS; OpenMPI
-    OMPI_COMM_WORLD_RANK/OMPI_COMM_WORLD_SIZE. Without any of them: a world of one.
-    The backend, unless given, is FPGACCL_BACKEND's (``fpgaccl run --backend``), else
-    ``software``.
-    """
-    global _WORLD
-    if _WORLD is not None and not _WORLD._closed:
-        return _WORLD
-    rank, world = world_from_env()
-    env = os.environ
-    if world > 1 and "master_addr" not in kwargs and not env.get("MASTER_ADDR") \
-            and _spans_hosts(env):
-        # Neither launcher names a rendezvous host, and the loopback default would leave
-        # every host's ranks waiting for a rank 0 of their own.
-        raise InvalidArgumentError("MASTER_ADDR", "the ranks span several hosts: set it "
-                                   "(and MASTER_PORT) to rank 0's host in the job script")
-    backend = backend or env.get("FPGACCL_BACKEND") or "software"
-    if "FPGACCL_PCAP_DIR" in env and "pcap" not in kwargs:
-        kwargs["pcap"] = Path(env["FPGACCL_PCAP_DIR"]) / f"rank{rank}.pcap"
-    if "FPGACCL_IMPAIR" in env and "impair" not in kwargs:
-        kwargs["impair"] = ImpairedLink.parse(env["FPGACCL_IMPAIR"], seed=rank)
-    for key, conv in (("deadline_s", float), ("mtu", int), ("rto_s", float)):
-        name = f"FPGACCL_{key.upper()}"
-        if name in env and key not in kwargs:
-            kwargs[key] = conv(env[name])
-    _WORLD = Communicator(rank, world, backend, **kwargs)
-    atexit.register(_WORLD.close)
-    return _WORLD

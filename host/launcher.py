@@ -85,7 +85,7 @@ def run(nprocs: int, cmd: list[str], *, pcap: str | None = None, impair: str | N
         return 2
     server = None
     if backend == "sim":
-        from fpgaccl.host.sim_backend import SIM_MAX_NODES
+        from fpgaccl.host.backends.sim import SIM_MAX_NODES
         if nprocs > SIM_MAX_NODES:
             print(f"fpgaccl run: --backend sim runs at most {SIM_MAX_NODES} ranks (the "
                   f"simulated cluster's nodes), not {nprocs}", file=sys.stderr)
@@ -163,7 +163,8 @@ def _run_mixed(nprocs: int, cmd: list[str], sim_ranks: list[int], *, pcap: str |
                impair: str | None, deadline_s: float | None, timeout_s: float | None,
                waves: bool, sim_loss: float, bridge_loss: float, bridge_pcap: str | None,
                tap: str | None) -> int:
-    from fpgaccl.host.sim_backend import BRIDGE_ENV, SIM_MAX_NODES, SIM_RANKS_ENV
+    from fpgaccl.host.backends.sim import SIM_MAX_NODES, SIM_RANKS_ENV
+    from fpgaccl.sim.server import BRIDGE_ENV
     if nprocs > SIM_MAX_NODES:
         print(f"fpgaccl run: a mixed run has at most {SIM_MAX_NODES} ranks (the simulated "
               f"switch's ports), not {nprocs}", file=sys.stderr)

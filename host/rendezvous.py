@@ -8,6 +8,7 @@ full table once all have arrived. Only connection set-up uses TCP; data never do
 from __future__ import annotations
 
 import errno
+import ipaddress
 import json
 import os
 import socket
@@ -124,3 +125,38 @@ def _serve(world: int, master: tuple[str, int], info: dict, deadline: float,
             conn.close()
         srv.close()
     return table  # type: ignore[return-value]
+
+
+def master(master_addr: str | None, master_port: int | None) -> tuple[str, int]:
+    """Rank 0's rendezvous host and port: the arguments, else MASTER_ADDR/MASTER_PORT,
+    else 127.0.0.1:29500."""
+    addr = master_addr or os.environ.get("MASTER_ADDR", "127.0.0.1")
+    return addr, int(master_port or os.environ.get("MASTER_PORT", 29500))
+
+
+def loopback_ip(master_port: int, rank: int) -> str:
+    """A per-run loopback subnet (all of 127/8 is local), so runs never share port 4791."""
+    if rank >= 254:
+        raise InvalidArgumentError("world_size", "local runs support at most 254 ranks")
+    return f"127.{(master_port >> 8) & 0xFF}.{master_port & 0xFF}.{rank + 1}"
+
+
+def is_loopback(host: str) -> bool:
+    return ipaddress.ip_address(socket.gethostbyname(host)).is_loopback
+
+
+def bind_ip(rank: int, master_addr: str, master_port: int, given: str | None = None) -> str:
+    """The address this rank's engine binds UDP 4791 on: ``given``, else FPGACCL_BIND_IP,
+    else a loopback address of the run's own (ranks of a local run), else the local
+    address the kernel routes towards rank 0's host."""
+    ip = given or os.environ.get("FPGACCL_BIND_IP")
+    if ip is not None:
+        return ip
+    if is_loopback(master_addr):
+        return loopback_ip(master_port, rank)
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        s.connect((master_addr, 9))
+        return s.getsockname()[0]
+    finally:
+        s.close()

@@ -11,6 +11,9 @@ from __future__ import annotations
 import json
 import socket
 import struct
+import time
+
+from fpgaccl.errors import BackendUnavailableError
 
 HEAD = struct.Struct(">II")
 
@@ -55,3 +58,22 @@ def recv_frame(sock: socket.socket) -> tuple[dict, bytes]:
     hl, pl = HEAD.unpack(_recv_exact(sock, HEAD.size))
     head = json.loads(_recv_exact(sock, hl))
     return head, _recv_exact(sock, pl) if pl else b""
+
+
+def connect_unix(path: str, timeout_s: float, what: str) -> socket.socket:
+    """A stream connection to the server at ``path``, retried until it listens or
+    ``timeout_s`` passes (then :class:`~fpgaccl.errors.BackendUnavailableError` names
+    ``what``)."""
+    end = time.monotonic() + timeout_s
+    while True:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.connect(path)
+        except OSError as e:
+            sock.close()
+            if time.monotonic() > end:
+                raise BackendUnavailableError(f"no {what} at {path}: {e}") from e
+            time.sleep(0.1)
+            continue
+        sock.settimeout(timeout_s)
+        return sock

@@ -26,6 +26,10 @@ from fpgaccl.errors import ToolchainError
 from .child import SocketServerProcess
 
 SERVER_MODULE = "fpgaccl.sim.benches.sim_server"
+SIM_STAGE_BYTES = 1 << 20
+"""Each of IN, OUT, TMP, TMP2 in a node's 8 MiB memory; the segment size."""
+BRIDGE_ENV = "FPGACCL_SIM_BRIDGE"
+"""Mixed runs: the server's bridge options (JSON: loss, seed, pcap, pcap_inbound, tap)."""
 
 
 BUILD_ENV = "FPGACCL_SIM_BUILD"
@@ -53,7 +57,6 @@ def build_cluster(waves: bool = False):
 def serve(socket_path: str, *, waves: bool = False, loss: int = 0, seed: int = 1,
           run_dir: str | None = None, idle_timeout_s: float = 600.0) -> dict[str, Any]:
     """Run the server until the world has come and gone; return the run summary."""
-    from fpgaccl.host.sim_backend import SIM_STAGE_BYTES
     from fpgaccl.sim.runner import run, waves_requested
     waves = waves or waves_requested()
     sim, params = build_cluster(waves)

@@ -42,7 +42,6 @@ import time
 import cocotb
 from cocotb.triggers import ClockCycles, RisingEdge
 
-from fpgaccl.host.sim_backend import BRIDGE_ENV
 from fpgaccl.hw.stream.beat import beat_layout
 from fpgaccl.proto.framing import FrameReader, encode
 from fpgaccl.proto.plans import Peer, connect_writes, doorbell
@@ -51,6 +50,7 @@ from fpgaccl.sim import bench_params
 from fpgaccl.sim.bridge import UdpBridge, ip_int
 from fpgaccl.sim.hdl.switch import node_mac
 from fpgaccl.sim.models.stream import beats_to_frame, frame_to_beats, pack, unpack
+from fpgaccl.sim.server import BRIDGE_ENV
 
 from .cluster_tb import TB
 

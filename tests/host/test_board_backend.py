@@ -85,7 +85,7 @@ def test_collectives_through_the_queues(board, memory):
         dev = DeviceArray(x["f"])
         comm.allreduce(dev)                       # a GPU buffer, in place
         res["gpu_f"] = dev.get()
-        res["cycles"] = comm.last_cycles
+        res["cycles"] = comm.impl.last_cycles
         return res
 
     got = _world(board, body, memory=memory)
@@ -109,7 +109,7 @@ SCRIPT = textwrap.dedent("""
     x = np.arange(3000, dtype=np.int32) * (comm.rank + 1)
     comm.allreduce(x)
     assert np.array_equal(x, np.arange(3000, dtype=np.int32) * 3), x[:8]
-    print(f"rank {comm.rank} ok {comm.backend} {comm.last_cycles}")
+    print(f"rank {comm.rank} ok {comm.backend} {comm.impl.last_cycles}")
     comm.close()
 """)
 
@@ -140,7 +140,7 @@ def test_bad_arguments_name_themselves():
 def test_probe_reads_the_build_from_the_engine(board):
     # ctrl.config as the Verilator-built DmaNode drives it: the build's parameters,
     # its MTU among them, agree with what the simulated board advertises.
-    from fpgaccl.host.board_backend import probe
+    from fpgaccl.host.backends.board import probe
     from fpgaccl.sim.benches.dma_node_top import PARAMS
     dev = SimDevice(board, 0)
     try:
@@ -155,7 +155,7 @@ def test_probe_reads_the_build_from_the_engine(board):
 def test_engines_built_for_different_mtus_are_refused_on_every_rank(board, monkeypatch):
     # Rank 1's engine reads as a 4096-byte build: each rank sees the other's MTU at
     # rendezvous and refuses the world, instead of timing out on drops.oversize later.
-    from fpgaccl.host import board_backend
+    from fpgaccl.host.backends import board as board_backend
     real = board_backend.probe
 
     def probe(dev):
@@ -210,7 +210,7 @@ class _Registers:
 
 
 def test_probe_refuses_another_engine_map_or_build():
-    from fpgaccl.host.board_backend import probe
+    from fpgaccl.host.backends.board import probe
     from fpgaccl.proto.regmap import REGMAP_VERSION, config_word
     info = {"qps": 2, "regions": 2, "imem_words": 64, "mtu": 1024, "width": 64}
     assert probe(_Registers(info))["mtu"] == 1024
@@ -240,8 +240,9 @@ def test_driver_unmapped_copy_is_an_error_completion_and_moves_nothing(board):
 
     with Communicator(0, 1, "board", device=SimDevice(board, 0), master_port=_free_port(),
                       deadline_s=60) as comm:
-        drv, dev = comm.driver, comm.dev
-        src, dst = comm._local[2], comm._local[3]          # TMP, TMP2: inside the window
+        port = comm.impl.port
+        drv, dev = port.driver, port.dev
+        src, dst = port.local[2], port.local[3]            # TMP, TMP2: inside the window
         dev.host_write(src, bytes(range(256)))
         dev.host_write(dst, bytes(256))
         outside = 0x7000_0000                              # no host window maps it

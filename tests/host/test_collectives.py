@@ -147,10 +147,10 @@ def _segmented_allreduce(comm) -> dict:
             results[algo, inplace] = np.asarray(out).tobytes()
             if not inplace:
                 assert np.array_equal(buf, xs[comm.rank])  # the input is left as it was
-    region_out = comm.region.view(Buf.OUT, np.dtype(np.uint8))
+    region_out = comm.impl.region.view(Buf.OUT, np.dtype(np.uint8))
     return {"results": results, "xs": xs, "segments": comm._segments(
         (), m=n, blocks=1, dt=np.dtype(np.float32))[1],
-        "out_untouched": not region_out.any(), "window": comm.region.mr.window}
+        "out_untouched": not region_out.any(), "window": comm.impl.region.mr.window}
 
 
 @pytest.mark.parametrize("world", [3, 4])

@@ -17,7 +17,7 @@ from fpgaccl.errors import (
     UnsupportedError,
 )
 from fpgaccl.host import Communicator
-from fpgaccl.host.communicator import world_from_env
+from fpgaccl.host.environment import world_from_env
 
 from ._world import run_world
 
@@ -227,14 +227,14 @@ def test_a_taken_roce_port_names_bind_ip() -> None:
     {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "4",
      "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}], ids=["slurm", "openmpi"])
 def test_ranks_on_several_hosts_need_master_addr(monkeypatch, placement) -> None:
-    from fpgaccl.host import communicator
-    for var in (*communicator._RANK_VARS, *communicator._SIZE_VARS, "MASTER_ADDR"):
+    from fpgaccl.host import environment
+    for var in (*environment._RANK_VARS, *environment._SIZE_VARS, "MASTER_ADDR"):
         monkeypatch.delenv(var, raising=False)
     for var, value in placement.items():
         monkeypatch.setenv(var, value)
-    monkeypatch.setattr(communicator, "_WORLD", None)
+    monkeypatch.setattr(environment, "_WORLD", None)
     with pytest.raises(InvalidArgumentError) as e:
-        communicator.init()
+        environment.init()
     assert _arg(e) == "MASTER_ADDR"
 
 

@@ -18,7 +18,7 @@ import pytest
 
 from fpgaccl.errors import BackendUnavailableError, UnsupportedError
 from fpgaccl.host import Communicator
-from fpgaccl.host.sim_backend import SOCKET_ENV
+from fpgaccl.host.backends.sim import SOCKET_ENV
 from fpgaccl.sim.server import build_env
 
 WORLD = 4
@@ -55,7 +55,7 @@ SCRIPT = textwrap.dedent("""
             comm.allreduce(xi, np.empty_like(xi), algo="tree")
         except UnsupportedError as e:
             res["tree_error"] = np.array(e.argument)
-        res["cycles"] = np.array(comm.total_cycles)
+        res["cycles"] = np.array(comm.impl.total_cycles)
     comm.barrier()
     np.savez(f"{sys.argv[1]}/rank{r}.npz", **{k: v for k, v in res.items() if v is not None})
     print(f"rank {r} done on {comm.backend}", flush=True)

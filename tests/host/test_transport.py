@@ -260,7 +260,7 @@ def _lossy(comm, n: int) -> dict:
                                + 100000 * i for i in range(p)])
     return {"ok": bool(np.array_equal(x, want) and np.array_equal(out, want_a2a)),
             "drops": comm.drop_counters(), "stats": comm.stats(),
-            "per_peer": comm.engine.rx_per_peer}
+            "per_peer": comm.impl.engine.rx_per_peer}
 
 
 # 64 KiB buffers: each peer's datagrams on a socket of their own (Engine.plan_rx).
@@ -299,7 +299,7 @@ def test_psn_wraps_at_24_bits() -> None:
 
 def _bad_key(comm) -> str:
     if comm.rank == 0:
-        comm.engine.by_peer[1].remote_rkey ^= 0x5A5A  # a corrupted key exchange
+        comm.impl.engine.by_peer[1].remote_rkey ^= 0x5A5A  # a corrupted key exchange
     x = np.ones(10, np.int32)
     try:
         comm.send(x, 1) if comm.rank == 0 else comm.recv(x, 0)
@@ -585,7 +585,7 @@ def test_borrowed_message_sends_the_same_datagrams(nbytes: int) -> None:
 def _zero_copy_drops(comm, n: int, rounds: int) -> dict:
     # A receive buffer of the kernel's minimum: most of every burst is dropped, so the
     # borrowed SENDs are resent while the in-place ring writes over their sources.
-    for sock in comm.engine._rx_socks:  # and each peer's own, if it has them
+    for sock in comm.impl.engine._rx_socks:  # and each peer's own, if it has them
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1)
     ok = True
     p = comm.world_size
@@ -597,7 +597,7 @@ def _zero_copy_drops(comm, n: int, rounds: int) -> dict:
         comm.allreduce(x, algo="ring")
         want = sum((np.arange(n, dtype=np.int64) * (k + 1 + i)) % 100_003 for k in range(p))
         ok &= bool(np.array_equal(x, want))
-    return {"ok": ok, "zero_copy": comm.engine.zero_copy, "stats": comm.stats()}
+    return {"ok": ok, "zero_copy": comm.impl.engine.zero_copy, "stats": comm.stats()}
 
 
 def test_zero_copy_sends_survive_kernel_drops() -> None:
@@ -616,7 +616,7 @@ def _deferred_acks(comm) -> dict:
     for _ in range(5):
         comm.allreduce(x, algo="rhd")  # sequencer messages only: every ACK may be deferred
     time.sleep(0.03)  # past the ACK delay, short of the 50 ms retransmit timeout
-    eng = comm.engine
+    eng = comm.impl.engine
     # 1 + 2 = 3 after the first call, then each call doubles: 3 * 2**4.
     return {"ok": bool(np.all(x == 3 * 2 ** 4)),
             "outstanding": sum(q.inflight for q in eng.by_peer.values()),
@@ -833,9 +833,9 @@ def _small_buffers(comm, n: int) -> dict:
     x = rng.integers(-1000, 1000, n).astype(np.float32)
     blocks = rng.integers(0, 1 << 30, n, dtype=np.int32)
     return {"ar": comm.allreduce(x, np.empty_like(x)), "a2a": comm.alltoall(blocks),
-            "window": comm.engine.window, "rcvbuf": comm.engine.rcvbuf,
-            "per_peer": comm.engine.rx_per_peer,
-            "coalesced": comm.engine.gso and comm.engine.gro,
+            "window": comm.impl.engine.window, "rcvbuf": comm.impl.engine.rcvbuf,
+            "per_peer": comm.impl.engine.rx_per_peer,
+            "coalesced": comm.impl.engine.gso and comm.impl.engine.gro,
             "naks": comm.stats().get("nak_rx", 0), "timeouts": comm.stats().get("timeouts", 0)}
 
 

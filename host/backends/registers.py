@@ -1,0 +1,145 @@
+"""The register-driven backend: the runtime programs an HDL engine through its registers
+and memory, one segment at a time. The simulated cluster (``sim``) and a board
+(``board``) are this one backend; what differs is only the :class:`NodePort`, i.e. how
+register writes, IN and OUT reach the engine and how a run is started and awaited.
+
+Per segment: the program and its context as register writes
+(:func:`fpgaccl.proto.plans.collective_writes`), IN stored into the engine's IN, the run
+started and awaited, OUT read back. Programs, segments and ``coll_id`` numbers are the
+Communicator's, as on the software backend, so results are bit-identical to it.
+Calls complete before they return; the engine's memory is not the caller's, so a bound
+result array is filled through ``put_out`` like any other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+import numpy as np
+
+from fpgaccl.errors import UnsupportedError
+from fpgaccl.proto import programs as lib
+from fpgaccl.proto.isa import Buf, assemble
+from fpgaccl.proto.plans import Writes, collective_writes
+from fpgaccl.proto.reduce import DType, ReduceOp
+from fpgaccl.proto.regmap import RegisterMap
+
+from .base import Finished, Program, ProgramRun, Segment
+
+
+class NodePort(Protocol):
+    """How a register-driven backend reaches its engine."""
+
+    clock_mhz: float
+    rmap: RegisterMap
+    imem_words: int
+    buffers: Sequence[int]
+    """The engine's addresses of IN, OUT, TMP and TMP2 (the program's context)."""
+    stage_bytes: int
+    native_barrier: bool
+    """Whether :meth:`barrier` is the port's own; otherwise the backend synchronises
+    with a one-element allreduce."""
+
+    def execute(self, name: str, coll_id: int, writes: Writes, inbuf: bytes,
+                out_bytes: int, signature: dict[str, Any], deadline_s: float
+                ) -> tuple[bytes, int]:
+        """Load ``writes``, store IN, run ``coll_id`` to completion; (OUT, cycles)."""
+
+    def barrier(self, deadline_s: float) -> None: ...
+
+    def drop_counters(self) -> dict[str, int]: ...
+
+    def stats(self) -> dict[str, int]: ...
+
+    def close(self) -> None: ...
+
+
+class StagingArea:
+    """Host memory holding one segment's IN/OUT/TMP/TMP2, as the software region's
+    ``view`` lays them out (so the Communicator gathers blocked IN the same way)."""
+
+    def __init__(self, stage_bytes: int) -> None:
+        self.stage_bytes = stage_bytes
+        self.mem = np.zeros(4 * stage_bytes, np.uint8)
+
+    def view(self, buf: Buf, dtype: Any, count: int) -> np.ndarray:
+        dt = np.dtype(dtype)
+        off = int(buf) * self.stage_bytes
+        return self.mem[off:off + count * dt.itemsize].view(dt)
+
+
+class RegisterBackend:
+    """A :class:`~fpgaccl.host.backends.base.Backend` over a :class:`NodePort`."""
+
+    host_schedules = False
+
+    def __init__(self, name: str, rank: int, world_size: int, port: NodePort, *,
+                 barrier_at_close: bool) -> None:
+        self.name, self.rank, self.world_size = name, rank, world_size
+        self.port = port
+        self.barrier_at_close = barrier_at_close
+        self.clock_mhz = port.clock_mhz
+        self.stage_bytes = port.stage_bytes
+        self.staging = StagingArea(port.stage_bytes)
+        self.last_cycles = 0
+        self.total_cycles = 0
+
+    def run(self, run: ProgramRun, deadline_s: float) -> Finished:
+        port = self.port
+        words = len(assemble(run.program))
+        if words > port.imem_words:
+            raise UnsupportedError("count", f"{run.name}'s program for this size needs {words} "
+                                   f"instruction words; the engine holds {port.imem_words}")
+        dt = run.np_dtype
+        self.last_cycles = 0
+        for s in run.segments:
+            writes = collective_writes(port.rmap, list(run.program), buffers=port.buffers,
+                                       count=s.count, dtype=run.dtype, op=run.op)
+            inbuf = np.ascontiguousarray(run.get_in(s.lo, s.hi))
+            out, cycles = port.execute(
+                run.name, s.coll_id, writes, inbuf.tobytes(), s.count * dt.itemsize,
+                {"name": run.name, "count": s.count, "dtype": dt.str}, deadline_s)
+            self.last_cycles += cycles
+            run.put_out(np.frombuffer(out, dt, s.count), s.lo, s.hi)
+        self.total_cycles += self.last_cycles
+        return Finished(run.name, deadline_s)
+
+    def schedule(self, name: str, body: Callable[[Any], Program], coll_id: int,
+                 deadline_s: float) -> Finished:
+        raise UnsupportedError("algo", f"{name}: the {self.name} backend runs sequencer "
+                               "programs only; host schedules have none")
+
+    def send(self, peer: int, seq: int, data: np.ndarray, deadline_s: float) -> Finished:
+        raise UnsupportedError("dst", f"send/recv have no sequencer program on the "
+                               f"{self.name} backend")
+
+    def recv(self, peer: int, seq: int, out: np.ndarray, deadline_s: float) -> Finished:
+        raise UnsupportedError("src", f"send/recv have no sequencer program on the "
+                               f"{self.name} backend")
+
+    def barrier(self, coll_id: int, deadline_s: float) -> Finished:
+        if self.port.native_barrier:
+            self.port.barrier(deadline_s)
+            return Finished("barrier", deadline_s)
+        # A one-element allreduce returns once every rank has entered.
+        one = np.zeros(1, np.int32)
+        out = np.empty(1, np.int32)
+
+        def put_out(res: np.ndarray, lo: int, hi: int) -> None:
+            out[lo:hi] = res
+
+        program = tuple(lib.rd_allreduce(self.rank, self.world_size))
+        return self.run(ProgramRun("barrier", program, DType.INT32, one.dtype, ReduceOp.SUM,
+                                   [Segment(coll_id, 0, 1, 1)], lambda lo, hi: one[lo:hi],
+                                   put_out), deadline_s)
+
+    def drop_counters(self) -> dict[str, int]:
+        return self.port.drop_counters()
+
+    def stats(self) -> dict[str, int]:
+        return {**self.port.stats(), "last_cycles": self.last_cycles,
+                "total_cycles": self.total_cycles}
+
+    def close(self, linger_s: float | None = None) -> None:
+        self.port.close()

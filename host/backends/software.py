@@ -1,0 +1,197 @@
+"""The ``software`` backend: the engine in Python, numpy and C, real RoCEv2 over UDP.
+
+Each rank binds UDP 4791 on an address of its own, creates one RC queue pair per peer,
+exchanges QP numbers, PSNs, addresses and keys at the TCP rendezvous, and then runs the
+Communicator's programs with :func:`fpgaccl.host.executor.execute` on its engine
+thread; host schedules and point-to-point transfers go over the per-peer rings.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from fpgaccl.proto.drops import DropReason
+from fpgaccl.proto.isa import Buf
+
+from .. import algorithms as alg
+from .. import wire
+from ..engine import SOCKET_BUFFER_BYTES, SOFTWARE_WINDOW_BYTES, Engine, Job
+from ..executor import DEFAULT_STAGE_BYTES, CollectiveRegion, execute
+from ..link import ImpairedLink
+from ..pcap import PcapWriter
+from ..rendezvous import bind_ip as choose_bind_ip
+from ..rendezvous import exchange, master
+from .base import Program, ProgramRun
+
+
+class SoftwareBackend:
+    """One rank's software engine, connected to every peer."""
+
+    name = "software"
+    host_schedules = True
+    clock_mhz = None
+
+    def __init__(self, rank: int, world_size: int, *, master_addr: str | None = None,
+                 master_port: int | None = None, bind_ip: str | None = None,
+                 mtu: int = 4096, rto_s: float = 0.05,
+                 impair: str | ImpairedLink | None = None, pcap: str | Path | None = None,
+                 slot_bytes: int = 256 * 1024, slots: int = 8,
+                 initial_psn: int | None = None, rendezvous_timeout_s: float = 60.0,
+                 stage_bytes: int = DEFAULT_STAGE_BYTES,
+                 socket_buffer_bytes: int = SOCKET_BUFFER_BYTES) -> None:
+        self.rank, self.world_size = rank, world_size
+        master_addr, master_port = master(master_addr, master_port)
+        bind_ip = choose_bind_ip(rank, master_addr, master_port, bind_ip)
+        if isinstance(impair, str):
+            impair = ImpairedLink.parse(impair, seed=rank)
+        self.link = impair
+        self._pcap = PcapWriter(pcap) if pcap else None
+        try:
+            self.engine = Engine(rank, bind_ip, mtu=mtu, slot_bytes=slot_bytes, slots=slots,
+                                 rto_s=rto_s, link=impair,
+                                 tap=self._pcap.tap if self._pcap else None,
+                                 socket_buffer_bytes=socket_buffer_bytes)
+        except BaseException:
+            self._close_pcap()
+            raise
+        try:
+            self._connect(master_addr, master_port, initial_psn, stage_bytes,
+                          rendezvous_timeout_s, socket_buffer_bytes)
+            self.engine.start()
+        except BaseException:
+            # A world that did not form: its sockets and address go back at once, so
+            # that this process may try again. The first error is the one to see.
+            with contextlib.suppress(Exception):
+                self.engine.stop()
+            self._close_pcap()
+            raise
+
+    def _connect(self, master_addr: str, master_port: int, initial_psn: int | None,
+                 stage_bytes: int, timeout_s: float, socket_buffer_bytes: int) -> None:
+        rank, world_size, engine = self.rank, self.world_size, self.engine
+        rng = np.random.default_rng()
+        psn0 = {}
+        qps = {}
+        for peer in range(world_size):
+            if peer == rank:
+                continue
+            qp = engine.create_qp(peer)
+            psn0[peer] = (int(rng.integers(0, wire.PSN_MOD)) if initial_psn is None
+                          else initial_psn & wire.PSN_MASK)
+            qps[str(peer)] = {"qpn": qp.qpn, "psn": psn0[peer], "va": qp.ring.va,
+                              "rkey": qp.ring.rkey}
+        self.region = CollectiveRegion(engine, stage_bytes)
+        engine.plan_rx(world_size - 1)
+        info = {"ip": engine.addr[0], "port": engine.addr[1], "qps": qps,
+                "coll": self.region.info(), "backend": "software",
+                "rcvbuf": engine.rcvbuf, "gro": engine.gro, "rx_per_peer": engine.rx_per_peer}
+        table = exchange(rank, world_size, (socket.gethostbyname(master_addr), master_port),
+                         info, timeout_s)
+        for peer, qp in engine.by_peer.items():
+            theirs = table[peer]["qps"][str(rank)]
+            qp.connect(remote_qpn=theirs["qpn"], addr=(table[peer]["ip"], table[peer]["port"]),
+                       local_ip=engine.addr[0], send_psn=psn0[peer],
+                       recv_psn=theirs["psn"], remote_va=theirs["va"],
+                       remote_rkey=theirs["rkey"])
+            if table[peer].get("backend") == "software":
+                qp.ack_delay = engine.ack_delay_s
+        engine.open_peer_sockets()
+        # Only software peers: a bigger send window (an HDL node's receive path has no
+        # socket buffer to absorb one).
+        if all(t.get("backend") == "software" for t in table):
+            engine.window = max(engine.window, SOFTWARE_WINDOW_BYTES // engine.mtu)
+        peers = [(int(t["rcvbuf"]), bool(t.get("gro")), bool(t.get("rx_per_peer")))
+                 for p, t in enumerate(table) if p != rank and "rcvbuf" in t]
+        smallest = min((b for b, _, _ in peers), default=0)
+        if engine.fit_window(peers, world_size - 1) and rank == 0 and \
+                smallest < 2 * socket_buffer_bytes:
+            # Smaller buffers than this rank asked for: a kernel cap (or a peer's choice).
+            warnings.warn(
+                f"fpgaccl: the smallest UDP receive buffer of the world "
+                f"({smallest // 2} bytes granted, {socket_buffer_bytes} asked "
+                f"for) holds a send window of only {engine.window * engine.mtu} "
+                "bytes per peer, which slows large collectives. The kernel grants at most "
+                f"net.core.rmem_max: `sysctl -w net.core.rmem_max={socket_buffer_bytes}`, or "
+                "CAP_NET_ADMIN, lifts that cap", RuntimeWarning, stacklevel=4)
+        self.peers = [(t["ip"], t["port"]) for t in table]
+        self.remotes = {p: CollectiveRegion.remote(table[p]["coll"])
+                        for p in range(world_size) if p != rank}
+        # Every rank cuts the same segments: from the smallest region of the world.
+        self.stage_bytes = min(int(t["coll"]["stage_bytes"]) for t in table)
+
+    @property
+    def staging(self) -> CollectiveRegion:
+        return self.region
+
+    @property
+    def barrier_at_close(self) -> bool:
+        return self.engine.failed is None
+
+    # ------------------------------------------------------------------ calls
+    def run(self, run: ProgramRun, deadline_s: float) -> Job:
+        engine, region, remotes, rank = self.engine, self.region, self.remotes, self.rank
+        bind = run.bind
+
+        def job() -> Program:
+            for s in run.segments:
+                direct = None if bind is None else bind[s.lo:s.hi]
+                yield from execute(engine, region, remotes, run.program, rank=rank,
+                                   coll_id=s.coll_id, count=s.count, dtype=run.dtype,
+                                   op=run.op, inbuf=run.get_in(s.lo, s.hi), outbuf=direct,
+                                   check_lengths=run.check_lengths)
+                if direct is None:
+                    run.put_out(region.view(Buf.OUT, run.np_dtype, s.count), s.lo, s.hi)
+
+        return engine.submit(run.name, job(), deadline_s)
+
+    def schedule(self, name: str, body: Callable[[alg.Ctx], Program], coll_id: int,
+                 deadline_s: float) -> Job:
+        ctx = alg.Ctx(self.engine, self.rank, self.world_size, coll_id)
+        return self.engine.submit(name, body(ctx), deadline_s)
+
+    def send(self, peer: int, seq: int, data: np.ndarray, deadline_s: float) -> Job:
+        engine = self.engine
+
+        def job() -> Program:
+            yield engine.send(peer, seq, wire.STEP_P2P, memoryview(data.view(np.uint8)))
+
+        return engine.submit("send", job(), deadline_s, ordered=False)
+
+    def recv(self, peer: int, seq: int, out: np.ndarray, deadline_s: float) -> Job:
+        engine = self.engine
+
+        def job() -> Program:
+            yield engine.recv(peer, seq, wire.STEP_P2P, out, None, "buf")
+
+        return engine.submit("recv", job(), deadline_s, ordered=False)
+
+    def barrier(self, coll_id: int, deadline_s: float) -> Job:
+        return self.schedule("barrier", alg.barrier_dissemination, coll_id, deadline_s)
+
+    # ------------------------------------------------------------------ introspection
+    def drop_counters(self) -> dict[str, int]:
+        return {r.name: self.engine.drops[r] for r in DropReason}
+
+    def stats(self) -> dict[str, int]:
+        out = dict(self.engine.stats)
+        if self.link is not None:
+            out.update({f"link_{k}": v for k, v in self.link.stats.items()})
+        return out
+
+    def close(self, linger_s: float | None = None) -> None:
+        """Keep answering retransmissions briefly, then stop the engine."""
+        linger = max(0.05, 4 * self.engine.rto_s) if linger_s is None else linger_s
+        if self.world_size > 1:
+            self.engine.idle_for(linger)
+        self.engine.stop()
+        self._close_pcap()
+
+    def _close_pcap(self) -> None:
+        if self._pcap is not None:
+            self._pcap.close()
