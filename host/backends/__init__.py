@@ -9,37 +9,47 @@ sim      :mod:`.sim` over :mod:`.registers`           a node of the Verilator cl
 board    :mod:`.board` over :mod:`.registers`         a DMA engine behind a ``Device``
 ======== ============================================ ==========================
 
-Each module is imported only when its backend is asked for.
+Each module is imported only when its backend is asked for; :func:`register` adds one
+(a test's in-process loopback backend does: ``tests/host/loopback_backend.py``).
 """
 
 from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
-from typing import Any
 
 from fpgaccl.errors import BackendUnavailableError
 
 from .base import Backend, Pending, ProgramRun, Segment
 
-BACKENDS: dict[str, tuple[str, str, float]] = {
-    "software": ("software", "SoftwareBackend", 60.0),
-    "sim": ("sim", "open_sim", 600.0),
-    "board": ("board", "open_board", 600.0),
+Opener = Callable[..., Backend]
+"""``opener(rank, world_size, **options)``: a connected backend for ``rank``."""
+
+BACKENDS: dict[str, tuple[str | Opener, float]] = {
+    "software": (f"{__name__}.software:SoftwareBackend", 60.0),
+    "sim": (f"{__name__}.sim:open_sim", 600.0),
+    "board": (f"{__name__}.board:open_board", 600.0),
 }
-"""name -> (module, the callable that opens it, default per-call deadline in seconds:
-simulated engines run far slower than the wall clock)."""
+"""name -> (the opener, or ``"module:attr"`` naming it; the default per-call deadline in
+seconds: simulated engines run far slower than the wall clock)."""
 
 
-def open_backend(name: str) -> tuple[Callable[..., Backend], float]:
-    """The opener of backend ``name`` (called as ``opener(rank, world_size, **options)``)
-    and its default deadline."""
+def register(name: str, opener: str | Opener, deadline_s: float = 60.0) -> None:
+    """Make ``Communicator(..., backend=name)`` open ``opener``."""
+    BACKENDS[name] = (opener, deadline_s)
+
+
+def open_backend(name: str) -> tuple[Opener, float]:
+    """The opener of backend ``name`` and its default deadline."""
     if name not in BACKENDS:
         raise BackendUnavailableError(f"backend {name!r} is not available from the host "
                                       f"runtime; use one of {', '.join(map(repr, BACKENDS))}")
-    module, attr, deadline_s = BACKENDS[name]
-    opener: Any = getattr(importlib.import_module(f"{__name__}.{module}"), attr)
+    opener, deadline_s = BACKENDS[name]
+    if isinstance(opener, str):
+        module, _, attr = opener.partition(":")
+        opener = getattr(importlib.import_module(module), attr)
     return opener, deadline_s
 
 
-__all__ = ["BACKENDS", "Backend", "Pending", "ProgramRun", "Segment", "open_backend"]
+__all__ = ["BACKENDS", "Backend", "Opener", "Pending", "ProgramRun", "Segment", "open_backend",
+           "register"]
