@@ -50,19 +50,14 @@ ALGOS = {
     "alltoallv": ("direct",),
 }
 RD_MAX_BYTES = 256 << 10
-"""allreduce: recursive doubling up to here (fewest steps), then halving-doubling. On the
-software backend (4 ranks, 2 cores, loopback) a step costs far more than its bytes: rd was
-9-35% faster than rhd from 1 KiB to 256 KiB and even with it at 1 MiB."""
+"""allreduce: recursive doubling up to here (fewest steps: a step costs far more than its
+bytes on the software backend), then halving-doubling."""
 RHD_MAX_BYTES = 1 << 20
-"""allreduce in a world that is not a power of two: recursive halving-doubling up to here,
-ring beyond. There the halving-doubling first folds 2 x (world - 2^k) ranks into their
-neighbours, a whole vector over one link and back, which the ring never pays. In a world
-of 2^k ranks it pays nothing of the kind, and it moves the ring's bytes in 2k messages a
-rank instead of 2(2^k - 1): 4 against 6 at 4 ranks, each one a FIRST, a LAST and a
-sequencer step through the engine's Python loop. On the software backend (4 ranks,
-2 cores, loopback; alternating runs) it took 5.5-7.1 ms against 10.6-10.9 at 2 MiB,
-17-18 against 22-24 at 8 MiB (most pairs), 78-90 against 85-128 at 64 MiB (5 of 5
-pairs) and 305-319 against 332-497 at 256 MiB, so such worlds use it at every size."""
+"""allreduce in a world that is not a power of two: halving-doubling up to here, the
+ring beyond, since there halving-doubling first folds the extra ranks' whole vectors
+into their neighbours. A world of 2^k ranks pays no such fold and sends fewer messages
+than the ring (2k against 2(2^k - 1)), so it uses halving-doubling at every size
+(measurements: bench/README.md)."""
 
 
 def _allreduce_default(nbytes: int, world: int) -> str:
