@@ -156,8 +156,8 @@ class Receiver:
             j += 1
             part = 0
 
-    def _run_qp(self, run: np.ndarray | memoryview, src: int, sport: int,
-                seg: int) -> tuple[QueuePair, int, int] | None:
+    def _run_qp(self, run: np.ndarray, src: int, sport: int, seg: int
+                ) -> tuple[QueuePair, int, int] | None:
         """The queue pair a run of MIDDLEs starting at ``run`` is for, its BTH's DestQP
         word and the run's ICRC seed; None where the run is not one to take at once."""
         if seg <= wire.BTH_LEN + wire.ICRC_LEN or run[0] != _MIDDLE or run[1]:
