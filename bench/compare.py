@@ -15,6 +15,12 @@ bench/results/compare.json.
     python bench/compare.py -e 256M         # the issue's full range (slow on 2 cores)
     python bench/compare.py --sizes 8,64K,1M,8M,64M -r 3   # chosen sizes, median of 3
     python bench/compare.py --mtu 9000      # fpgaccl with jumbo frames
+    python bench/compare.py --backends fpgaccl,fpgaccl@/tmp/base --sizes 8,1M,64M -r 7
+
+``fpgaccl@PATH`` is another checkout of fpgaccl (another revision, say): its ranks run
+this file's worker under PATH's own ``.venv/bin/python``, so they import PATH's fpgaccl,
+and its runs interleave with the others' in the same rounds. Ratios are taken against
+the first fpgaccl backend named; the JSON records each checkout's path and git revision.
 """
 
 from __future__ import annotations
@@ -29,12 +35,40 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results" / "compare.json"
 BACKENDS = ("fpgaccl", "gloo", "mpi")
+
+
+class Backend(NamedTuple):
+    label: str  # as named in --backends
+    kind: str  # one of BACKENDS
+    root: Path | None  # fpgaccl@PATH: that checkout; None: this process's own fpgaccl
+
+    @property
+    def python(self) -> str:
+        return str(self.root / ".venv" / "bin" / "python") if self.root else sys.executable
+
+
+def _backend(spec: str) -> Backend:
+    kind, at, path = spec.partition("@")
+    if kind not in BACKENDS or (at and (kind != "fpgaccl" or not path)):
+        raise SystemExit(f"--backends: {spec!r} is none of {', '.join(BACKENDS)}, "
+                         "fpgaccl@PATH (another checkout)")
+    return Backend(spec, kind, Path(path).resolve() if at else None)
+
+
+def _git_rev(root: Path) -> str:
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(root), *args], capture_output=True,
+                              text=True).stdout.strip()
+
+    rev = git("rev-parse", "--short", "HEAD") or "unknown"
+    return rev + "-dirty" if git("status", "--porcelain", "--untracked-files=no") else rev
 
 
 def _sizes(b: int, e: int, f: int) -> list[int]:
@@ -123,9 +157,33 @@ def _worker(backend: str, sizes: list[int], n: int, w: int) -> None:
 
 
 # ------------------------------------------------------------------------------ parent
-def _available(backend: str) -> str | None:
+def _env(be: Backend, env: dict[str, str] | None = None) -> dict[str, str]:
+    """``env`` (default: this process's) for ``be``'s processes: another checkout's must
+    import its own fpgaccl, not one PYTHONPATH names."""
+    env = dict(os.environ if env is None else env)
+    if be.root is not None:
+        env.pop("PYTHONPATH", None)
+    return env
+
+
+def _fpgaccl_dir(be: Backend) -> str:
+    """Where ``be``'s Python imports fpgaccl from ("" if it cannot)."""
+    r = subprocess.run([be.python, "-c", "import os, fpgaccl; "
+                        "print(os.path.dirname(os.path.realpath(fpgaccl.__file__)))"],
+                       capture_output=True, text=True, env=_env(be))
+    return r.stdout.strip() if r.returncode == 0 else ""
+
+
+def _available(be: Backend) -> str | None:
     """None if usable, else why not."""
-    py = sys.executable
+    backend, py = be.kind, be.python
+    if be.root is not None:
+        if not Path(py).exists():
+            return f"{py} not found (run ./fpgaccl --help in {be.root} to create it)"
+        where = _fpgaccl_dir(be)
+        if not where.startswith(str(be.root) + os.sep):
+            return f"{py} imports fpgaccl from {where or 'nowhere'}, not from {be.root}"
+        return None
     if backend == "gloo":
         r = subprocess.run([py, "-c", "import torch.distributed as d; assert d.is_available() "
                             "and d.is_gloo_available()"], capture_output=True, text=True)
@@ -146,9 +204,10 @@ def _mpirun() -> str | None:
     return str(here) if here.exists() else shutil.which("mpirun")
 
 
-def _run(backend: str, ranks: int, sizes: list[int], n: int, w: int,
+def _run(be: Backend, ranks: int, sizes: list[int], n: int, w: int,
          timeout: float, mtu: int | None = None) -> list[dict]:
-    me = [sys.executable, str(Path(__file__).resolve()), "--worker", backend,
+    backend = be.kind
+    me = [be.python, str(Path(__file__).resolve()), "--worker", backend,
           "--sizes", ",".join(map(str, sizes)), "-n", str(n), "-w", str(w)]
     extra = {"GLOO_SOCKET_IFNAME": "lo"}
     if backend == "fpgaccl" and mtu is not None:
@@ -165,7 +224,7 @@ def _run(backend: str, ranks: int, sizes: list[int], n: int, w: int,
     else:
         from fpgaccl.host.launcher import free_port, rank_env
         port = free_port()
-        procs = [subprocess.Popen(me, env=rank_env(k, ranks, port, extra),
+        procs = [subprocess.Popen(me, env=_env(be, rank_env(k, ranks, port, extra)),
                                   stdout=subprocess.PIPE if k == 0 else subprocess.DEVNULL,
                                   text=True) for k in range(ranks)]
         out, _ = procs[0].communicate(timeout=timeout)
@@ -212,7 +271,8 @@ def main() -> int:
     ap.add_argument("-f", "--stepfactor", type=int, default=4)
     ap.add_argument("-n", "--iters", type=int, default=10)
     ap.add_argument("-w", "--warmup", type=int, default=2)
-    ap.add_argument("--backends", default=",".join(BACKENDS))
+    ap.add_argument("--backends", default=",".join(BACKENDS),
+                    help="comma-separated: fpgaccl, gloo, mpi, fpgaccl@PATH (another checkout)")
     ap.add_argument("--json", default=str(RESULTS))
     ap.add_argument("--timeout", type=float, default=1800)
     ap.add_argument("-r", "--repeat", type=int, default=1,
@@ -230,14 +290,15 @@ def main() -> int:
     results: dict[str, list[dict] | str] = {}
     load: dict[str, list[list[float]]] = {}
     repeats: dict[str, list[list[dict]]] = {}
-    backends = a.backends.split(",")
-    skipped = {be: why for be in backends if (why := _available(be)) is not None}
+    backends = [_backend(v) for v in a.backends.split(",")]
+    skipped = {b.label: why for b in backends if (why := _available(b)) is not None}
     # Rounds interleave the backends, in turn forwards and backwards (A B C, C B A, ...):
     # a load that comes and goes on a shared machine then hits each about equally, and
     # each size reports the median. Two backends' runs in one round are minutes apart at
     # most, so their ratio within the round is also reported (its median over rounds).
     for rnd in range(a.repeat):
-        for be in (backends if rnd % 2 == 0 else backends[::-1]):
+        for b in (backends if rnd % 2 == 0 else backends[::-1]):
+            be = b.label
             if be in skipped:
                 continue
             print(f"# round {rnd + 1}/{a.repeat}: running {be} ...", file=sys.stderr,
@@ -245,11 +306,11 @@ def main() -> int:
             before = os.getloadavg()[0]
             try:
                 repeats.setdefault(be, []).append(
-                    _run(be, a.ranks, sizes, a.iters, a.warmup, a.timeout, a.mtu))
+                    _run(b, a.ranks, sizes, a.iters, a.warmup, a.timeout, a.mtu))
             except (RuntimeError, subprocess.TimeoutExpired) as e:
                 skipped[be] = f"failed: {e}"
             load.setdefault(be, []).append([round(before, 2), round(os.getloadavg()[0], 2)])
-    for be in backends:
+    for be in (b.label for b in backends):
         if be in skipped:
             print(f"# skipping {be}: {skipped[be]}")
             results[be] = skipped[be]
@@ -257,12 +318,17 @@ def main() -> int:
             results[be] = _median_rows(repeats[be], len(sizes))
     factor = 2 * (a.ranks - 1) / a.ranks
     runs = {be: v for be, v in results.items() if isinstance(v, list)}
-    head = f"#{'size':>11}" + "".join(f" {be + ' us':>12} {be + ' busbw':>13} {'cpu us':>9}"
-                                      f" {'MiB':>5}" for be in runs)
-    others = [be for be in runs if be != "fpgaccl"]
-    head += "".join(f" {'x ' + be:>9}" for be in others)
-    head += "".join(f" {'rnd x ' + be:>11}" for be in others)
-    print(f"# allreduce float32 sum, {a.ranks} ranks, busbw in GB/s; 'x peer' = fpgaccl "
+    # Ratios are against the first fpgaccl named (with fpgaccl@PATH: this checkout's, say).
+    ref = next((b.label for b in backends if b.kind == "fpgaccl" and b.label in runs), "")
+    others = [be for be in runs if be != ref]
+    # Columns as wide as their label (fpgaccl@PATH's may be long).
+    wide = {be: len(be) for be in runs}
+    head = f"#{'size':>11}" + "".join(
+        f" {be + ' us':>{max(12, n + 3)}} {be + ' busbw':>{max(13, n + 6)}} {'cpu us':>9}"
+        f" {'MiB':>5}" for be, n in wide.items())
+    head += "".join(f" {'x ' + be:>{max(9, wide[be] + 2)}}" for be in others)
+    head += "".join(f" {'rnd x ' + be:>{max(11, wide[be] + 6)}}" for be in others)
+    print(f"# allreduce float32 sum, {a.ranks} ranks, busbw in GB/s; 'x peer' = {ref} "
           "busbw / peer busbw (of the median times); 'rnd x peer' = the median over rounds of "
           "that ratio within each round; cpu us = the busiest rank's CPU time per call (user "
           "+ system, all threads); MiB = peak RSS of the largest rank")
@@ -281,19 +347,20 @@ def main() -> int:
             row[be] = {"time_us": t, "busbw": bw, "ok": r["ok"] if r else False,
                        "maxrss_mib": rss, "times_us": r["times_us"] if r else [],
                        "cpu_us": r["cpu_us"] if r else float("nan")}
-            line += f" {t:>12.1f} {bw:>13.4f} {row[be]['cpu_us']:>9.0f} {rss:>5.0f}"
+            n = wide[be]
+            line += (f" {t:>{max(12, n + 3)}.1f} {bw:>{max(13, n + 6)}.4f}"
+                     f" {row[be]['cpu_us']:>9.0f} {rss:>5.0f}")
         for be in others:
-            ratio = row["fpgaccl"]["busbw"] / row[be]["busbw"] if "fpgaccl" in row else \
-                float("nan")
+            ratio = row[ref]["busbw"] / row[be]["busbw"] if ref in row else float("nan")
             row[f"ratio_{be}"] = ratio
-            line += f" {ratio:>9.3f}"
+            line += f" {ratio:>{max(9, wide[be] + 2)}.3f}"
         for be in others:
-            per = [p / f for f, p in zip(row["fpgaccl"]["times_us"], row[be]["times_us"],
-                                         strict=False)] if "fpgaccl" in row else []
+            per = [p / f for f, p in zip(row[ref]["times_us"], row[be]["times_us"],
+                                         strict=False)] if ref in row else []
             row[f"round_ratios_{be}"] = per
             rr = float(np.median(per)) if per else float("nan")
             row[f"round_ratio_{be}"] = rr
-            line += f" {rr:>11.3f}"
+            line += f" {rr:>{max(11, wide[be] + 6)}.3f}"
         rows.append(row)
         print(line, flush=True)
     doc = {"bench": "compare", "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
@@ -302,6 +369,11 @@ def main() -> int:
            "ranks": a.ranks, "dtype": "float32", "op": "sum",
            "loadavg_1min": load,
            "fpgaccl": {"mtu": a.mtu or _default_mtu(), "crc32": wire.crc32.__module__},
+           "reference": ref,
+           "checkouts": {b.label: {"path": str(b.root or HERE.parent),
+                                   "git_rev": _git_rev(b.root or HERE.parent),
+                                   "python": b.python}
+                         for b in backends if b.kind == "fpgaccl"},
            "repeat": a.repeat,
            "skipped": {be: v for be, v in results.items() if isinstance(v, str)},
            "rows": rows}

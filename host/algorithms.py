@@ -1,13 +1,16 @@
-"""Collective schedules (the sequencer's program library), written as generators.
+"""Host schedules, written as generators, for what has no sequencer program yet.
 
-Each program posts sends/receives through a :class:`Ctx` and yields the completions it
-must wait for; the engine resumes it when they are done. Two rules keep results right:
+The collectives the sequencer runs are programs in :mod:`fpgaccl.proto.programs`; what
+has none (the ``tree`` algorithms, all-to-all-v, barrier) runs as one of these instead;
+send/recv post through :class:`Ctx` directly. Each schedule posts sends/receives through
+a :class:`Ctx` and yields the completions it must wait for; the engine resumes it when
+they are done. Two rules keep results right:
 
 * A region handed to ``send`` is not overwritten until that send has completed
   (acknowledged), because go-back-N may need to read it again.
 * Every element of a reduction is combined by exactly one rank in a fixed order and
   then *copied* to the others, so floating-point results are bit-identical on every
-  rank (recursive doubling is avoided for that reason).
+  rank.
 """
 
 from __future__ import annotations
@@ -17,7 +20,6 @@ from typing import Any
 
 import numpy as np
 
-from . import wire
 from .engine import Engine
 from .qp import Completion
 
@@ -45,103 +47,12 @@ def _bytes(arr: np.ndarray) -> np.ndarray:
     return arr.view(np.uint8).reshape(-1)
 
 
-def chunk_bounds(n: int, parts: int) -> list[int]:
-    """Offsets splitting n elements into ``parts`` nearly equal chunks."""
-    base, extra = divmod(n, parts)
-    out = [0]
-    for i in range(parts):
-        out.append(out[-1] + base + (1 if i < extra else 0))
-    return out
-
-
-# --------------------------------------------------------------------------- allreduce
-def allreduce_ring(ctx: Ctx, work: np.ndarray, ufunc: Any) -> Program:
-    """Reduce-scatter then allgather around the ring: 2(P-1)/P of the data per link."""
-    p, r = ctx.size, ctx.rank
-    if p == 1:
-        return
-    b = chunk_bounds(len(work), p)
-
-    def chunk(c: int) -> np.ndarray:
-        c %= p
-        return work[b[c]:b[c + 1]]
-
-    nxt, prv = (r + 1) % p, (r - 1) % p
-    sends = []
-    for s in range(p - 1):
-        sends.append(ctx.send(nxt, s, chunk(r - s)))
-        yield ctx.recv(prv, s, chunk(r - s - 1), ufunc)
-    for t in range(p - 1):
-        sends.append(ctx.send(nxt, p - 1 + t, chunk(r + 1 - t)))
-        yield sends[t]  # chunk r-t left in reduce-scatter step t; it must be acked first
-        yield ctx.recv(prv, p - 1 + t, chunk(r - t))
-    yield sends
-
-
-def _fold(p: int) -> tuple[int, int]:
-    p2 = 1 << (p.bit_length() - 1)
-    return p2, p - p2
-
-
-def allreduce_rhd(ctx: Ctx, work: np.ndarray, ufunc: Any) -> Program:
-    """Rabenseifner: recursive-halving reduce-scatter + recursive-doubling allgather.
-
-    A non-power-of-two world first folds its extra ranks into partners (even ranks
-    below 2*rem hand their data to the odd neighbour) and unfolds at the end.
-    """
-    p, r = ctx.size, ctx.rank
-    if p == 1:
-        return
-    p2, rem = _fold(p)
-    final = 0x7000
-    if r < 2 * rem:
-        if r % 2 == 0:
-            yield ctx.send(r + 1, 0, work)
-            yield ctx.recv(r + 1, final, work)
-            return
-        yield ctx.recv(r - 1, 0, work, ufunc)
-        nr = r // 2
-    else:
-        nr = r - rem
-
-    def real(n: int) -> int:
-        return 2 * n + 1 if n < rem else n + rem
-
-    lo, hi = 0, len(work)
-    levels = []
-    sends = []
-    step = 1
-    mask = p2 >> 1
-    while mask:
-        partner = real(nr ^ mask)
-        mid = lo + (hi - lo) // 2
-        keep, give = ((lo, mid), (mid, hi)) if not nr & mask else ((mid, hi), (lo, mid))
-        sends.append(ctx.send(partner, step, work[give[0]:give[1]]))
-        yield ctx.recv(partner, step, work[keep[0]:keep[1]], ufunc)
-        levels.append((lo, hi, mask))
-        lo, hi = keep
-        mask >>= 1
-        step += 1
-    yield sends  # the allgather overwrites the halves given away above
-    for plo, phi, m in reversed(levels):
-        partner = real(nr ^ m)
-        other = (hi, phi) if lo == plo else (plo, lo)
-        sends.append(ctx.send(partner, step, work[lo:hi]))
-        yield ctx.recv(partner, step, work[other[0]:other[1]])
-        lo, hi = plo, phi
-        step += 1
-    if r < 2 * rem:
-        sends.append(ctx.send(r - 1, final, work))
-    yield sends
-
-
 def allreduce_tree(ctx: Ctx, work: np.ndarray, ufunc: Any) -> Program:
     """Binomial reduce to rank 0, binomial broadcast back: 2 log P latency steps."""
     yield from reduce_tree(ctx, work, ufunc, 0, 0)
     yield from bcast_tree(ctx, work, 0, 0x100)
 
 
-# --------------------------------------------------------------------------- reduce/bcast
 def reduce_tree(ctx: Ctx, work: np.ndarray, ufunc: Any, root: int, step0: int) -> Program:
     p, r = ctx.size, ctx.rank
     vr = (r - root) % p
@@ -171,53 +82,6 @@ def bcast_tree(ctx: Ctx, work: np.ndarray, root: int, step: int) -> Program:
         if vr + mask < p:
             sends.append(ctx.send((vr + mask + root) % p, step, work))
         mask >>= 1
-    yield sends
-
-
-def bcast_chain(ctx: Ctx, work: np.ndarray, root: int, segment: int) -> Program:
-    """Pipelined chain: every rank forwards each segment as soon as it has it."""
-    p, r = ctx.size, ctx.rank
-    vr = (r - root) % p
-    nseg = max(1, -(-len(work) // segment))
-    nseg = min(nseg, wire.STEP_MAX)
-    b = chunk_bounds(len(work), nseg)
-    prv, nxt = (r - 1) % p, (r + 1) % p
-    sends = []
-    for i in range(nseg):
-        seg = work[b[i]:b[i + 1]]
-        if vr > 0:
-            yield ctx.recv(prv, i, seg)
-        if vr < p - 1:
-            sends.append(ctx.send(nxt, i, seg))
-    yield sends
-
-
-# --------------------------------------------------------------------------- others
-def reduce_scatter_ring(ctx: Ctx, work: np.ndarray, ufunc: Any, out: np.ndarray) -> Program:
-    """Ring reduce-scatter leaving chunk r, fully reduced, on rank r (copied to ``out``)."""
-    p, r = ctx.size, ctx.rank
-    n = len(out)
-    if p > 1:
-        nxt, prv = (r + 1) % p, (r - 1) % p
-        sends = []
-        for s in range(p - 1):
-            c_send, c_recv = (r - s - 1) % p, (r - s - 2) % p
-            sends.append(ctx.send(nxt, s, work[c_send * n:(c_send + 1) * n]))
-            yield ctx.recv(prv, s, work[c_recv * n:(c_recv + 1) * n], ufunc)
-        yield sends
-    out[:] = work[r * n:(r + 1) * n]
-
-
-def allgather_ring(ctx: Ctx, out: np.ndarray, n: int) -> Program:
-    p, r = ctx.size, ctx.rank
-    if p == 1:
-        return
-    nxt, prv = (r + 1) % p, (r - 1) % p
-    sends = []
-    for s in range(p - 1):
-        c_send, c_recv = (r - s) % p, (r - s - 1) % p
-        sends.append(ctx.send(nxt, s, out[c_send * n:(c_send + 1) * n]))
-        yield ctx.recv(prv, s, out[c_recv * n:(c_recv + 1) * n])
     yield sends
 
 

@@ -60,7 +60,7 @@ _MAC8 = ctypes.c_uint8 * 8
 
 class Bulk(ctypes.Structure):
     """``bulk_t`` of ``fastpath.c``: what :func:`fp_bulk` is given and gives back (the
-    engine's ``_bulk`` fills and reads it; see ``fastpath.c`` for each field)."""
+    engine's ``Receiver.bulk`` fills and reads it; see ``fastpath.c`` for each field)."""
 
     _fields_ = [
         ("tx_fd", ctypes.c_int32), ("wake_fd", ctypes.c_int32), ("nfds", ctypes.c_int32),

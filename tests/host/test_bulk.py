@@ -51,7 +51,7 @@ def pair():
 
 class _Side:
     """An engine's side of fp_bulk without the engine: the receive batch arrays and a
-    Bulk with the fixed fields as Engine._bulk_setup fills them."""
+    Bulk with the fixed fields as Receiver.bulk_setup fills them."""
 
     def __init__(self, fp, ours: socket.socket, wake: socket.socket) -> None:
         self.buf = np.zeros(native.BATCH * native.SLOT_BYTES, np.uint8)
@@ -229,8 +229,8 @@ def _world_digest(comm, *, bulk: bool) -> dict:
     # Ring and halving-doubling allreduce, reduce_scatter and allgather of 8 MiB, in
     # place and not: the steady state of every WRITE runs in fp_bulk, or in the engine's
     # Python loop.
-    from fpgaccl.host import engine
-    engine.BULK_LOOP = bulk
+    from fpgaccl.host import receive
+    receive.BULK_LOOP = bulk
     rng = np.random.default_rng(comm.rank)
     x = rng.standard_normal(2 << 20).astype(np.float32)
     y = np.empty_like(x)

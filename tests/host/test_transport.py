@@ -16,7 +16,9 @@ import pytest
 from fpgaccl.errors import InvalidArgumentError, RemoteAccessError
 from fpgaccl.host import engine as engine_mod
 from fpgaccl.host import native, wire
-from fpgaccl.host.engine import Engine, Latch
+from fpgaccl.host import udp as udp_mod
+from fpgaccl.host.engine import Engine
+from fpgaccl.host.jobs import Latch
 from fpgaccl.host.layers import dissect
 from fpgaccl.host.pcap import frame
 from fpgaccl.proto import build_frame, parse_frame
@@ -635,8 +637,8 @@ def test_deferred_acks_arrive_without_further_traffic() -> None:
         assert r["outstanding"] == 0 and r["timeouts"] == 0, r
         # 1 MiB of 4096-byte packets (software peers only), unless the peer's receive
         # buffer holds less (a stock kernel's rmem_max without CAP_NET_ADMIN).
-        fits = int(r["rcvbuf"] * engine_mod.BUFFER_HEADROOM) // \
-            engine_mod.packet_charge(4096, r["coalesced"])
+        fits = int(r["rcvbuf"] * udp_mod.BUFFER_HEADROOM) // \
+            udp_mod.packet_charge(4096, r["coalesced"])
         assert r["window"] == min(256, max(2, fits)), r
 
 
@@ -689,7 +691,7 @@ def test_a_failed_queue_pair_closes_running_programs_on_the_engine_thread() -> N
         box: list = []
         job = eng.submit("allreduce", program(box), deadline_s=60.0)
         box.append(job)
-        eng._sequence(time.monotonic())  # started: now waiting at its yield
+        eng.jobs.sequence(time.monotonic())  # started: now waiting at its yield
         assert not cleaned
         err = RemoteAccessError("peer 1 NAKed PSN 5: REMOTE_ACCESS_ERROR")
         eng.qp_failed(eng.create_qp(1), err)
@@ -702,7 +704,7 @@ def test_a_failed_queue_pair_closes_running_programs_on_the_engine_thread() -> N
 def test_packet_charge_is_what_the_kernel_charged_on_loopback() -> None:
     # Payload share of a receive buffer measured before drops (SO_RCVBUF as read back):
     # lone datagrams and GRO runs, 256..8192-byte payloads.
-    charge = engine_mod.packet_charge
+    charge = udp_mod.packet_charge
     for payload, lone in ((256, 0.20), (512, 0.40), (1024, 0.44), (4096, 0.48),
                           (8192, 0.47)):
         assert 0.85 * lone <= payload / charge(payload, False) <= lone, payload
@@ -716,16 +718,16 @@ def test_fit_window_shares_the_smallest_peer_buffer_among_senders() -> None:
         assert not eng.fit_window([], 3) and not eng.fit_window([(64 << 20, True, False)], 3)
         assert eng.window == full
         # A stock kernel's 212992, doubled; a GRO peer's runs are charged less.
-        charge = engine_mod.packet_charge(eng.mtu, eng.gso)
+        charge = udp_mod.packet_charge(eng.mtu, eng.gso)
         assert eng.fit_window([(8 << 20, True, False), (425984, True, False)], 3)
-        assert eng.window == int(425984 * engine_mod.BUFFER_HEADROOM) // charge // 3
+        assert eng.window == int(425984 * udp_mod.BUFFER_HEADROOM) // charge // 3
         # A peer with a socket for each sender: the whole buffer is this engine's.
         eng.window = full
         assert eng.fit_window([(8 << 20, True, False), (425984, True, True)], 3)
-        assert eng.window == int(425984 * engine_mod.BUFFER_HEADROOM) // charge
+        assert eng.window == int(425984 * udp_mod.BUFFER_HEADROOM) // charge
         assert eng.fit_window([(425984, False, False)], 3)  # this peer takes lone datagrams
-        assert eng.window == int(425984 * engine_mod.BUFFER_HEADROOM) // \
-            engine_mod.packet_charge(eng.mtu, False) // 3
+        assert eng.window == int(425984 * udp_mod.BUFFER_HEADROOM) // \
+            udp_mod.packet_charge(eng.mtu, False) // 3
         assert eng.fit_window([(65536, False, False)], 7) and eng.window == 2
         for bad in (4096, 1 << 31, True, 65536.0):
             with pytest.raises(InvalidArgumentError, match="socket_buffer_bytes"):
@@ -752,8 +754,8 @@ def test_plan_rx_splits_a_buffer_too_small_for_every_peers_window() -> None:
         assert not small.plan_rx(1)  # one peer: its own socket would change nothing
         # 4 MiB where granted (forced, or a raised rmem_max): three 1 MiB windows fit at
         # once, eight do not. Whatever the kernel granted, the rule is the same.
-        fits = int(big.rcvbuf * engine_mod.BUFFER_HEADROOM) // \
-            engine_mod.packet_charge(big.mtu, big.gro)
+        fits = int(big.rcvbuf * udp_mod.BUFFER_HEADROOM) // \
+            udp_mod.packet_charge(big.mtu, big.gro)
         window = engine_mod.SOFTWARE_WINDOW_BYTES // big.mtu
         for peers in (3, 8):
             assert big.plan_rx(peers) == (fits < peers * window)
@@ -860,10 +862,10 @@ def test_send_window_fits_small_receive_buffers() -> None:
         assert np.array_equal(res["ar"], want)
         assert np.array_equal(res["a2a"], np.concatenate(
             [ins[src][1][r * blk:(r + 1) * blk] for src in range(world)]))
-        charge = engine_mod.packet_charge(4096, res["coalesced"])
+        charge = udp_mod.packet_charge(4096, res["coalesced"])
         assert res["per_peer"]
         assert (world - 1) * engine_mod.MIN_WINDOW < res["window"]
-        assert res["window"] * charge <= res["rcvbuf"] * engine_mod.BUFFER_HEADROOM
+        assert res["window"] * charge <= res["rcvbuf"] * udp_mod.BUFFER_HEADROOM
         # A receiver starved past two retransmit timeouts gets a whole window twice, which
         # no fit budgets for: only a run without timeouts must be free of losses.
         assert res["naks"] == 0 or res["timeouts"] > 0, res

@@ -79,7 +79,7 @@ def test_both_directions_keep_the_icrc_valid(bridge, rank0, tmp_path):
     bridge.from_sim(out)
     dg, (src, sport) = rank0.recvfrom(65536)
     assert (src, sport) == (NODE_IP, 0xC000)
-    # The software engine's own ICRC check (Engine._receive).
+    # The software engine's own ICRC check (Receiver.packet).
     n = len(dg)
     opcode, b1, _, dqpn, w2 = wire.BTH_FMT.unpack_from(dg)
     seed = wire.icrc_seed(ip_int(src), ip_int(SW_IP), sport, ROCEV2_UDP_PORT, 8 + n)

@@ -1,0 +1,101 @@
+"""Point-to-point matching: the receives the host schedules post (send/recv, all-to-all-v,
+barrier, the ``tree`` algorithms), and the messages that arrived in the queue pairs'
+receive rings handed to them, in arrival order per peer."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from fpgaccl.errors import CountMismatchError, FpgacclError
+
+from . import wire
+from .qp import Arrival, Completion, QueuePair
+
+
+class RecvOp:
+    """A posted receive: where the messages of one transfer go and how they combine."""
+
+    __slots__ = ("coll_id", "completion", "dest", "nbytes", "off", "step", "ufunc", "what")
+
+    def __init__(self, coll_id: int, step: int, dest: np.ndarray, ufunc: Any | None,
+                 completion: Completion, what: str) -> None:
+        self.coll_id = coll_id
+        self.step = step
+        self.dest = dest
+        self.nbytes = dest.nbytes
+        self.ufunc = ufunc
+        self.off = 0
+        self.completion = completion
+        self.what = what
+
+
+class Matcher:
+    """Posted receives for the queue pairs of ``by_peer`` (the engine's own dict), whose
+    receive rings have slots of ``slot_bytes``."""
+
+    def __init__(self, by_peer: dict[int, QueuePair], slot_bytes: int) -> None:
+        self.by_peer = by_peer
+        self.slot_bytes = slot_bytes
+        self.posted: dict[int, list[RecvOp]] = {}
+
+    def add_peer(self, peer: int) -> None:
+        self.posted[peer] = []
+
+    def post(self, peer: int, coll_id: int, step: int, dest: np.ndarray, ufunc: Any | None,
+             what: str) -> Completion:
+        comp = Completion(1)
+        self.posted[peer].append(RecvOp(coll_id & 0xFFFF, step, dest, ufunc, comp, what))
+        return comp
+
+    def match(self) -> bool:
+        """Hand arrived messages to posted receives; whether any was delivered."""
+        delivered = False
+        for peer, qp in self.by_peer.items():
+            posted = self.posted[peer]
+            if not qp.arrived or not posted:
+                continue
+            keep = []
+            while qp.arrived:
+                a = qp.arrived.popleft()
+                step = a.step & ~wire.STEP_FINAL
+                for op in posted:
+                    if op.coll_id == a.coll_id and op.step == step:
+                        break
+                else:
+                    keep.append(a)
+                    continue
+                delivered = True
+                try:
+                    self._deliver(qp, op, a)
+                except FpgacclError as e:
+                    op.completion.error = e
+                    op.completion.done = True
+                if op.completion.done:
+                    posted.remove(op)
+            qp.arrived.extendleft(reversed(keep))
+        return delivered
+
+    def _deliver(self, qp: QueuePair, op: RecvOp, a: Arrival) -> None:
+        start = a.slot * self.slot_bytes
+        src = qp.ring.buf[start:start + a.length]
+        end = op.off + a.length
+        try:
+            if end > op.nbytes:
+                raise CountMismatchError(op.what, f"peer {qp.peer} sent more than the "
+                                         f"{op.nbytes} bytes expected")
+            if op.ufunc is None:
+                op.dest.view(np.uint8).reshape(-1)[op.off:end] = src
+            else:
+                isz = op.dest.itemsize
+                d = op.dest[op.off // isz:end // isz]
+                op.ufunc(d, src.view(op.dest.dtype), out=d)
+            op.off = end
+            if a.step & wire.STEP_FINAL:
+                if op.off != op.nbytes:
+                    raise CountMismatchError(op.what, f"peer {qp.peer} sent {op.off} bytes, "
+                                             f"{op.nbytes} expected")
+                op.completion.finish_one()
+        finally:
+            qp.give_back(a.slot)
