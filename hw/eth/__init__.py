@@ -3,6 +3,7 @@
 - :mod:`~fpgaccl.hw.eth.mac`: :class:`Mac`, beats <-> a GMII-shaped byte interface.
 - :mod:`~fpgaccl.hw.eth.mac_tx` / :mod:`~fpgaccl.hw.eth.mac_rx`: the byte-wide
   framing (preamble/SFD, padding, FCS, gap; SFD hunt, FCS check, verdict).
+- :mod:`~fpgaccl.hw.eth.gmii`: :class:`Gmii`, the MAC on GMII pins in the PHY's clock domains.
 - :mod:`~fpgaccl.hw.eth.width`: beats <-> one byte per cycle.
 - :mod:`~fpgaccl.hw.eth.gate`: store and forward; only frames with a good verdict pass.
 - :mod:`~fpgaccl.hw.eth.symbols`: the byte and verdict layouts shared by the stages.
