@@ -61,8 +61,8 @@ async def send_frames(ctx, port, frames: list[bytes], width: int) -> None:
             ctx.set(port.payload.as_value(), pack(layout, b))
             ctx.set(port.valid, 1)
             while True:
-                ready = ctx.get(port.ready)
-                await ctx.tick()
+                # Sampled at the edge: a sink's ready may follow a testbench's write.
+                _, _, ready = await ctx.tick().sample(port.ready)
                 if ready:
                     break
     ctx.set(port.valid, 0)
@@ -76,9 +76,7 @@ async def collect_frames(ctx, port, width: int, out: list[bytes], cycles: int,
     for _ in range(cycles):
         ready = 1 if stall is None else int(stall.random() < 0.5)
         ctx.set(port.ready, ready)
-        valid = ctx.get(port.valid)
-        word = ctx.get(port.payload.as_value())
-        await ctx.tick()
+        _, _, valid, word = await ctx.tick().sample(port.valid, port.payload.as_value())
         if valid and ready:
             b = unpack(layout, word)
             assert b["first"] == (not cur), "first must mark exactly a frame's first beat"
