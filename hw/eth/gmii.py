@@ -4,15 +4,10 @@
 from __future__ import annotations
 
 from amaranth.hdl import Module
-from amaranth.lib import data, wiring
-from amaranth.lib.wiring import In, Out
+from amaranth.lib import wiring
 
-from fpgaccl.proto.drops import DROP_COUNTER_BITS
-
-from ..stream.beat import beat_stream
-from .mac import Mac
+from .mac import Mac, mac_signature
 from .mac_rx import MAX_FRAME
-from .symbols import RxDrop
 
 
 class Gmii(wiring.Component):
@@ -25,17 +20,7 @@ class Gmii(wiring.Component):
     def __init__(self, width: int, *, max_frame: int = MAX_FRAME) -> None:
         self.width = width
         self.max_frame = max_frame
-        super().__init__({
-            "tx": In(beat_stream(width)),
-            "rx": Out(beat_stream(width)),
-            "rx_frames": Out(data.ArrayLayout(DROP_COUNTER_BITS, len(RxDrop))),
-            "txd": Out(8),
-            "tx_en": Out(1),
-            "tx_er": Out(1),
-            "rxd": In(8),
-            "rx_dv": In(1),
-            "rx_er": In(1),
-        })
+        super().__init__(mac_signature(width))
 
     def elaborate(self, platform) -> Module:
         m = Module()

@@ -34,6 +34,21 @@ def _stream_link(m: Module, name: str, src: stream.Interface, dst: stream.Interf
                  dst.payload.eq(cdc.r_data), dst.valid.eq(cdc.r_rdy), cdc.r_en.eq(dst.ready)]
 
 
+def mac_signature(width: int) -> wiring.Signature:
+    """Beats on the node side, a GMII-shaped byte interface on the other."""
+    return wiring.Signature({
+        "tx": In(beat_stream(width)),
+        "rx": Out(beat_stream(width)),
+        "rx_frames": Out(data.ArrayLayout(DROP_COUNTER_BITS, len(RxDrop))),
+        "txd": Out(8),
+        "tx_en": Out(1),
+        "tx_er": Out(1),
+        "rxd": In(8),
+        "rx_dv": In(1),
+        "rx_er": In(1),
+    })
+
+
 class Mac(wiring.Component):
     """``tx`` frames -> ``txd``/``tx_en``/``tx_er``; ``rxd``/``rx_dv``/``rx_er`` ->
     ``rx`` frames, only good ones, FCS stripped.
@@ -56,17 +71,7 @@ class Mac(wiring.Component):
         self.ifg = ifg
         self.tx_domain = tx_domain
         self.rx_domain = rx_domain
-        super().__init__({
-            "tx": In(beat_stream(width)),
-            "rx": Out(beat_stream(width)),
-            "rx_frames": Out(data.ArrayLayout(DROP_COUNTER_BITS, len(RxDrop))),
-            "txd": Out(8),
-            "tx_en": Out(1),
-            "tx_er": Out(1),
-            "rxd": In(8),
-            "rx_dv": In(1),
-            "rx_er": In(1),
-        })
+        super().__init__(mac_signature(width))
 
     def elaborate(self, platform) -> Module:
         m = Module()
