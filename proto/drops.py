@@ -26,7 +26,19 @@ class DropReason(IntEnum):
     BAD_RKEY = 16
     OUT_OF_BOUNDS = 17
     ACCESS_DENIED = 18
-    OVERSIZE = 19        # longer than the receive buffer (the parser's frame FIFO)
+    OVERSIZE = 19        # longer than the receive buffer (the parser's frame FIFO) or
+                         # than the MAC's maximum frame
+    # The network boundary (hw/eth): the MAC's checks, then the L2/L3 demux's.
+    BAD_FCS = 20         # Ethernet frame check sequence wrong
+    RUNT = 21            # shorter than 64 bytes including the FCS
+    PHY_ERROR = 22       # the PHY flagged a receive error (rx_er) inside the frame
+    RX_OVERFLOW = 23     # no room: the receive path's consumer stalled past its buffer
+    NOT_FOR_US = 24      # another host's MAC (not broadcast) or another IPv4 address
 
+
+ETH_DROPS = frozenset({DropReason.BAD_FCS, DropReason.RUNT, DropReason.PHY_ERROR,
+                       DropReason.RX_OVERFLOW, DropReason.NOT_FOR_US})
+"""Reasons only the network boundary (``hw/eth``: MAC, ARP/ICMP demux) gives; a node
+without it reads them as zero."""
 
 DROP_COUNTER_BITS = 32

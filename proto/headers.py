@@ -95,5 +95,29 @@ RING_STEP_CREDIT = 0x7FFF
 RING_STEP_P2P = 0x7FFE
 """RING_IMM step of a send/recv message (``coll_id`` = per peer-pair sequence number)."""
 
+# The network boundary's own protocols (hw/eth): answered there, never by the engine.
+# Field names follow scapy's ARP and ICMP (tests/hw/test_eth_arp_icmp.py compares).
+ARP = Header("ARP", (
+    Field("hwtype", 16, 1, "hardware type: Ethernet"),
+    Field("ptype", 16, ETHERTYPE_IPV4, "protocol type: IPv4", hex=True),
+    Field("hwlen", 8, 6, "hardware address length"),
+    Field("plen", 8, 4, "protocol address length"),
+    Field("op", 16, 1, "1 request (who-has), 2 reply (is-at)"),
+    Field("hwsrc", 48, 0, "sender MAC", hex=True),
+    Field("psrc", 32, 0, "sender IPv4 address", hex=True),
+    Field("hwdst", 48, 0, "target MAC (zero in a request)", hex=True),
+    Field("pdst", 32, 0, "target IPv4 address", hex=True),
+), "ARP for IPv4 over Ethernet (RFC 826)")
+ARP_REQUEST, ARP_REPLY = 1, 2
+
+ICMP = Header("ICMP", (
+    Field("type", 8, 8, "8 echo request, 0 echo reply"),
+    Field("code", 8, 0, "0 for echo"),
+    Field("chksum", 16, 0, "RFC 1071 sum over the ICMP message", hex=True),
+    Field("id", 16, 0, "echo identifier"),
+    Field("seq", 16, 0, "echo sequence number"),
+), "ICMP echo request/reply header (RFC 792)")
+ICMP_ECHO_REQUEST, ICMP_ECHO_REPLY = 8, 0
+
 ICRC_BYTES = 4
 HEADERS = (ETH, IPV4, UDP, BTH, RETH, AETH, IMMDT)

@@ -5,7 +5,9 @@ from __future__ import annotations
 from enum import IntEnum
 
 ETHERTYPE_IPV4 = 0x0800
+ETHERTYPE_ARP = 0x0806
 IP_PROTO_UDP = 17
+IP_PROTO_ICMP = 1
 ROCEV2_UDP_PORT = 4791
 """IANA-assigned destination port of RoCEv2."""
 

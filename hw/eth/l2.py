@@ -1,0 +1,208 @@
+"""What the node's port does with a received frame besides RoCE: the demux that sends
+ARP and ICMP echo to their responders, the frame mux that merges their replies with
+the RoCE transmit stream, and :class:`EthServices`, the three wired together."""
+
+from __future__ import annotations
+
+from amaranth.hdl import Module, Signal
+from amaranth.lib import enum, fifo, wiring
+from amaranth.lib.wiring import In, Out
+
+from fpgaccl.hw.net.layouts import from_wire
+from fpgaccl.hw.net.parser import sat_inc
+from fpgaccl.proto.drops import DROP_COUNTER_BITS
+from fpgaccl.proto.headers import ARP, ETH, ICMP_ECHO_REQUEST, IPV4
+from fpgaccl.proto.opcodes import ETHERTYPE_ARP, ETHERTYPE_IPV4, IP_PROTO_ICMP
+
+from ..stream.beat import beat_stream
+from ..stream.fifo import BeatFIFO
+from .arp import ArpResponder
+from .header import capture, header_beats
+from .icmp import IcmpEcho
+from .mac_rx import MAX_FRAME
+
+BROADCAST = (1 << 48) - 1
+CLASSIFY_BITS = 8 * (ETH.size + ARP.size)  # the longest header a decision reads
+LOOKAHEAD = 16
+"""Beats buffered while a frame's header arrives: at least its header, so the demux
+decides without stopping its input."""
+
+
+class Route(enum.Enum, shape=2):
+    ROCE = 0
+    ARP = 1
+    ICMP = 2
+    DROP = 3
+
+
+class L2Demux(wiring.Component):
+    """Frames in; each out whole, in order, on one of ``roce``, ``arp``, ``icmp``, or
+    dropped and counted on ``not_for_us`` (destination MAC neither ``mac`` nor
+    broadcast; IPv4 or ARP target not ``ip``).
+
+    ARP for us and IPv4 ICMP echo requests for us (no options, not fragmented) go to
+    their responders, which are always ready; everything else goes to ``roce``, whose
+    parser owns the remaining drop reasons (ethertype, protocol, port ...), as before
+    there was a MAC. Only ``roce`` can stall the demux, and only as much as it did the
+    MAC: the demux adds latency (a header's worth of beats), never a wait."""
+
+    def __init__(self, width: int) -> None:
+        self.width = width
+        assert header_beats(CLASSIFY_BITS, width) < LOOKAHEAD
+        super().__init__({
+            "i": In(beat_stream(width)),
+            "roce": Out(beat_stream(width)),
+            "arp": Out(beat_stream(width)),
+            "icmp": Out(beat_stream(width)),
+            "mac": In(48),
+            "ip": In(32),
+            "not_for_us": Out(DROP_COUNTER_BITS),
+        })
+
+    def elaborate(self, platform) -> Module:
+        m = Module()
+        m.submodules.buf = buf = BeatFIFO(self.width, LOOKAHEAD)
+        m.submodules.routes = routes = fifo.SyncFIFOBuffered(width=2, depth=LOOKAHEAD)
+        beat = self.i.payload
+        take = Signal()
+        m.d.comb += [
+            buf.i.payload.eq(beat), buf.i.valid.eq(self.i.valid & routes.w_rdy),
+            self.i.ready.eq(buf.i.ready & routes.w_rdy),
+            take.eq(self.i.valid & self.i.ready),
+        ]
+
+        # Classify: capture the header, decide the cycle after it is complete.
+        idx = Signal(16)
+        hdr = Signal(CLASSIFY_BITS)
+        decide = Signal()
+        end = header_beats(CLASSIFY_BITS, self.width) - 1
+        with m.If(take):
+            m.d.sync += idx.eq(idx + 1)
+            with m.If(beat.last):
+                m.d.sync += idx.eq(0)
+        capture(m, hdr, take, beat.data, idx)
+        m.d.sync += decide.eq(take & ((idx == end) | (beat.last & (idx < end))))
+
+        eth = from_wire(ETH, hdr)
+        ip = from_wire(IPV4, hdr[8 * ETH.size:])
+        arp = from_wire(ARP, hdr[8 * ETH.size:])
+        icmp_type = hdr[8 * (ETH.size + IPV4.size):][:8]
+        route = Signal(Route)
+        with m.If((eth.dst != self.mac) & (eth.dst != BROADCAST)):
+            m.d.comb += route.eq(Route.DROP)
+        with m.Elif(eth.type == ETHERTYPE_ARP):
+            m.d.comb += route.eq(Route.DROP)
+            with m.If((arp.pdst == self.ip) & (arp.hwtype == ARP["hwtype"].default)
+                      & (arp.ptype == ETHERTYPE_IPV4) & (arp.hwlen == 6) & (arp.plen == 4)):
+                m.d.comb += route.eq(Route.ARP)
+        with m.Elif((eth.type == ETHERTYPE_IPV4) & (ip.dst != self.ip)):
+            m.d.comb += route.eq(Route.DROP)
+        with m.Elif((eth.type == ETHERTYPE_IPV4) & (ip.version == 4) & (ip.ihl == 5)
+                    & (ip.proto == IP_PROTO_ICMP) & (ip.frag == 0) & ~ip.flags[0]
+                    & (icmp_type == ICMP_ECHO_REQUEST)):
+            m.d.comb += route.eq(Route.ICMP)
+        with m.Else():
+            m.d.comb += route.eq(Route.ROCE)
+        m.d.comb += [routes.w_en.eq(decide), routes.w_data.eq(route)]
+        with m.If(decide & (route == Route.DROP)):
+            sat_inc(m, self.not_for_us)
+
+        # Forward: each frame to the output its route names.
+        cur = Signal(Route)
+        active = Signal()
+        with m.If(~active & routes.r_rdy):
+            m.d.comb += routes.r_en.eq(1)
+            m.d.sync += [cur.eq(routes.r_data), active.eq(1)]
+        outs = {Route.ROCE: self.roce, Route.ARP: self.arp, Route.ICMP: self.icmp}
+        for r, o in outs.items():
+            m.d.comb += [o.payload.eq(buf.o.payload), o.valid.eq(active & (cur == r)
+                                                                 & buf.o.valid)]
+        with m.If(active):
+            with m.Switch(cur):
+                for r, o in outs.items():
+                    with m.Case(r):
+                        m.d.comb += buf.o.ready.eq(o.ready)
+                with m.Case(Route.DROP):
+                    m.d.comb += buf.o.ready.eq(1)
+            with m.If(buf.o.valid & buf.o.ready & buf.o.payload.last):
+                m.d.sync += active.eq(0)
+        return m
+
+
+class FrameMux(wiring.Component):
+    """``n`` frame streams into one, a whole frame at a time, round robin so that a
+    flood on one input (pings, say) cannot starve another."""
+
+    def __init__(self, width: int, n: int) -> None:
+        self.n = n
+        super().__init__({f"i{k}": In(beat_stream(width)) for k in range(n)}
+                         | {"o": Out(beat_stream(width))})
+
+    def elaborate(self, platform) -> Module:
+        m = Module()
+        ins = [getattr(self, f"i{k}") for k in range(self.n)]
+        cur = Signal(range(self.n))
+        active = Signal()
+        with m.If(~active):
+            # Lowest valid input after the last one served.
+            for shift in reversed(range(1, self.n + 1)):
+                for k in range(self.n):
+                    with m.If((cur == k) & ins[(k + shift) % self.n].valid):
+                        m.d.sync += [cur.eq((k + shift) % self.n), active.eq(1)]
+        with m.Else():
+            for k, i in enumerate(ins):
+                with m.If(cur == k):
+                    m.d.comb += [self.o.payload.eq(i.payload), self.o.valid.eq(i.valid),
+                                 i.ready.eq(self.o.ready)]
+            with m.If(self.o.valid & self.o.ready & self.o.payload.last):
+                m.d.sync += active.eq(0)
+        return m
+
+
+class EthServices(wiring.Component):
+    """Between the MAC and the RoCE port: ``rx`` (from the MAC) -> ``roce_rx`` plus
+    the ARP and ICMP responders; ``roce_tx`` plus their replies -> ``tx`` (to the
+    MAC). ``lookup_ip`` -> ``lookup_hit``/``lookup_mac`` reads the learnt ARP table."""
+
+    def __init__(self, width: int, *, max_frame: int = MAX_FRAME, arp_entries: int = 4):
+        self.width = width
+        self.max_frame = max_frame
+        self.arp_entries = arp_entries
+        super().__init__({
+            "rx": In(beat_stream(width)),
+            "roce_rx": Out(beat_stream(width)),
+            "roce_tx": In(beat_stream(width)),
+            "tx": Out(beat_stream(width)),
+            "mac": In(48),
+            "ip": In(32),
+            "lookup_ip": In(32),
+            "lookup_hit": Out(1),
+            "lookup_mac": Out(48),
+            "not_for_us": Out(DROP_COUNTER_BITS),
+            "busy": Out(DROP_COUNTER_BITS),
+        })
+
+    def elaborate(self, platform) -> Module:
+        m = Module()
+        w = self.width
+        m.submodules.demux = demux = L2Demux(w)
+        m.submodules.arp = arp = ArpResponder(w, entries=self.arp_entries)
+        m.submodules.icmp = icmp = IcmpEcho(w, max_frame=self.max_frame)
+        m.submodules.mux = mux = FrameMux(w, 3)
+        wiring.connect(m, wiring.flipped(self.rx), demux.i)
+        wiring.connect(m, demux.roce, wiring.flipped(self.roce_rx))
+        for src, dst in ((demux.arp, arp.i), (demux.icmp, icmp.i)):
+            m.d.comb += [dst.payload.eq(src.payload), dst.valid.eq(src.valid),
+                         src.ready.eq(1)]
+        wiring.connect(m, wiring.flipped(self.roce_tx), mux.i0)
+        wiring.connect(m, arp.o, mux.i1)
+        wiring.connect(m, icmp.o, mux.i2)
+        wiring.connect(m, mux.o, wiring.flipped(self.tx))
+        m.d.comb += [
+            demux.mac.eq(self.mac), demux.ip.eq(self.ip), arp.mac.eq(self.mac),
+            arp.ip.eq(self.ip), icmp.mac.eq(self.mac), arp.lookup_ip.eq(self.lookup_ip),
+            self.lookup_hit.eq(arp.lookup_hit), self.lookup_mac.eq(arp.lookup_mac),
+            self.not_for_us.eq(demux.not_for_us),
+            self.busy.eq(arp.busy + icmp.busy),
+        ]
+        return m
