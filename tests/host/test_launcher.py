@@ -11,6 +11,8 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -19,6 +21,7 @@ import pytest
 from fpgaccl.host.layers import dissect
 from fpgaccl.host.pcap import read
 from fpgaccl.proto.opcodes import Opcode
+from fpgaccl.sim.child import SocketServerProcess
 
 SCRIPT = """
 import numpy as np, fpgaccl.host
@@ -43,6 +46,7 @@ def test_run_spawns_ranks_and_init_finds_them(tmp_path: Path) -> None:
     assert res.returncode == 0, res.stderr
     found = sorted(re.findall(r"rank (\d+) of (\d+) ok", res.stdout))
     assert found == [(str(r), "3") for r in range(3)], f"{res.stdout}\n{res.stderr}"
+    assert "anyone who reaches" not in res.stderr  # the launcher gave the ranks a secret
 
 
 def test_run_reports_a_failing_rank(tmp_path: Path) -> None:
@@ -198,3 +202,40 @@ def test_a_rank_that_ignores_the_signal_is_killed_after_the_grace_period(
     assert 1.5 <= took < 1.5 + 5, took
     assert "rank(s) [1] still running after SIGTERM: SIGKILL" in err
     assert [p for p in pids if _alive(p)] == []
+
+
+class _BuildingBoard(SocketServerProcess):
+    """A simulated board that never gets to listen (it still builds), in a session of its
+    own as the real one; with ``obey=False`` it ignores SIGTERM too."""
+
+    def __init__(self, made: list, obey: bool) -> None:
+        self.dir = tempfile.mkdtemp(prefix="fpgaccl-test-board-")
+        self.socket = os.path.join(self.dir, "board.sock")
+        ignore = "" if obey else "signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        self.proc = subprocess.Popen([sys.executable, "-c", f"import signal, time; {ignore}"
+                                      "time.sleep(600)"], start_new_session=True)
+        made.append(self)
+
+
+@pytest.mark.parametrize("obey", [True, False], ids=["obeys", "ignores"])
+def test_a_signal_while_the_board_builds_stops_the_board(monkeypatch, obey: bool) -> None:
+    from fpgaccl.host import launcher
+    from fpgaccl.sim import board
+    monkeypatch.delenv("FPGACCL_BOARD", raising=False)
+    made: list = []
+    monkeypatch.setattr(board, "BoardProcess", lambda: _BuildingBoard(made, obey))
+    threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM)).start()
+    old = signal.signal(signal.SIGTERM, lambda *a: pytest.fail("SIGTERM reached the test"))
+    t0 = time.monotonic()
+    try:
+        rc = launcher.run(2, ["true"], backend="board", grace_s=1.0)
+    finally:
+        signal.signal(signal.SIGTERM, old)
+        for b in made:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(b.proc.pid, signal.SIGKILL)
+    took = time.monotonic() - t0
+    assert rc == 128 + signal.SIGTERM
+    (b,) = made
+    assert b.proc.poll() is not None, "the board outlived the launcher"
+    assert took < (1.5 if obey else 1.0 + 5), took
