@@ -239,3 +239,28 @@ def test_without_a_secret_anyone_can_join_and_rank_0_says_so(monkeypatch, caplog
         assert _world(2, _free_port()) == [[{"me": 0}, {"me": 1}]] * 2
     warned = [r for r in caplog.records if "anyone who reaches" in r.getMessage()]
     assert len(warned) == 1
+
+
+def test_a_rank_outside_the_world_or_taken_is_refused_by_name(monkeypatch) -> None:
+    """Typed on the rank that is refused, not fatal on rank 0 (a stranger could send the
+    same). Without a secret the first claim of a rank wins: strangers can join."""
+    monkeypatch.delenv("FPGACCL_RDZV_PORT", raising=False)
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    monkeypatch.delenv(rendezvous.SECRET_ENV, raising=False)
+    port = _free_port()
+    got: list = []
+    master = threading.Thread(target=lambda: got.append(
+        exchange(0, 3, ("127.0.0.1", port), {"me": 0}, timeout_s=10)))
+    master.start()
+    with pytest.raises(InvalidArgumentError, match=r"rank 5 is not one of ranks 1\.\.2") as e:
+        exchange(5, 6, ("127.0.0.1", port), {"me": 5}, timeout_s=10)
+    assert e.value.argument == "rank"
+    impostor = _stranger(port, _fake(1))
+    with pytest.raises(InvalidArgumentError, match="rank 1 already joined from") as e:
+        exchange(1, 3, ("127.0.0.1", port), {"me": 1}, timeout_s=10)
+    assert e.value.argument == "rank"
+    assert exchange(2, 3, ("127.0.0.1", port), {"me": 2}, timeout_s=10) == \
+        [{"me": 0}, {"me": "impostor"}, {"me": 2}]
+    assert _answer(impostor)["table"][1] == {"me": "impostor"}
+    master.join(15)
+    assert got == [[{"me": 0}, {"me": "impostor"}, {"me": 2}]]
