@@ -26,6 +26,9 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--deadline", type=float, default=None,
                      help="seconds before a stuck collective raises CollectiveTimeoutError")
     run.add_argument("--timeout", type=float, default=None, help="kill the run after this long")
+    run.add_argument("--grace", type=float, default=None, metavar="SECONDS",
+                     help="after SIGTERM/SIGHUP/SIGINT to the launcher, seconds the ranks "
+                          "have to exit before SIGKILL (default 5)")
     run.add_argument("--backend", choices=("software", "sim", "board"), default="software",
                      help="sim: each rank drives a node of the Verilator-simulated cluster; "
                           "board: each rank drives an engine of the board FPGACCL_BOARD "
@@ -71,7 +74,8 @@ def main(argv: list[str] | None = None) -> int:
                       deadline_s=args.deadline, timeout_s=args.timeout,
                       backend=args.backend, waves=args.waves, sim_loss=args.sim_loss,
                       sim_ranks=_ranks(args.sim_ranks, parser), bridge_loss=args.bridge_loss,
-                      bridge_pcap=args.bridge_pcap, tap=args.tap)
+                      bridge_pcap=args.bridge_pcap, tap=args.tap,
+                      **({"grace_s": args.grace} if args.grace is not None else {}))
     if args.command == "bench":
         from .bench import main as bench_main
         return bench_main(args)

@@ -5,12 +5,20 @@ FPGACCL_WORLD_SIZE, and torchrun's RANK/WORLD_SIZE/LOCAL_RANK/MASTER_ADDR/MASTER
 a fresh rendezvous port, and optionally a capture directory whose per-rank pcaps are
 merged into one file when the run ends. Multi-host runs use the site's launcher
 (torchrun, srun, mpirun) instead; this one only starts local processes.
+
+The run draws a job secret (FPGACCL_JOB_SECRET, unless the environment sets one) that
+every rank proves at the rendezvous, so no stranger joins it. SIGTERM, SIGHUP and SIGINT
+to the launcher (what a batch system or a terminal sends) go to every rank's process
+group; ranks still running :data:`GRACE_S` later (a second signal cuts that short) are
+killed, as are the servers the run started, and the launcher exits with 128 + the signal.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -22,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from . import pcap as pcapmod
+from .rendezvous import SECRET_ENV
 
 
 def free_port() -> int:
@@ -51,12 +60,78 @@ MIXED_MTU = 1024
 (``sim.hdl.cluster.STANDARD``, 4096), which their parsers take."""
 
 
-def run(nprocs: int, cmd: list[str], *, pcap: str | None = None, impair: str | None = None,
-        deadline_s: float | None = None, timeout_s: float | None = None,
-        backend: str = "software", waves: bool = False, sim_loss: float = 0.0,
-        sim_ranks: list[int] | None = None, bridge_loss: float = 0.0,
-        bridge_pcap: str | None = None, tap: str | None = None) -> int:
-    """Run ``cmd`` as ``nprocs`` ranks; the exit status is the first failing rank's.
+GRACE_S = 5.0
+"""Seconds ranks and servers have to exit after the launcher passes a signal on, before
+SIGKILL: well inside Slurm's default KillWait (30 s) between its SIGTERM and SIGKILL."""
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+
+
+class _Stopped(BaseException):
+    """A stop signal, raised only where the launcher waits on a server's start."""
+
+
+class _Signals:
+    """The stop signals while a run lasts: noted in ``received`` for the rank loop to act
+    on, raised as :class:`_Stopped` only inside :meth:`interruptible`."""
+
+    def __init__(self, grace_s: float) -> None:
+        self.grace_s = grace_s
+        self.received: int | None = None
+        self.count = 0
+        self._raise = False
+        self._old: dict[int, Any] = {}
+
+    def __enter__(self) -> _Signals:
+        if threading.current_thread() is threading.main_thread():  # else Python refuses
+            self._old = {s: signal.signal(s, self._handle) for s in STOP_SIGNALS}
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for s, handler in self._old.items():
+            signal.signal(s, handler)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        # No printing here: the handler may interrupt a write to the same stream.
+        self.count += 1
+        if self.received is None:
+            self.received = signum
+        if self._raise:
+            self._raise = False
+            raise _Stopped
+
+    @contextlib.contextmanager
+    def interruptible(self) -> Any:
+        if self.received is not None:
+            raise _Stopped
+        self._raise = True
+        try:
+            yield
+        finally:
+            self._raise = False
+
+    def stop_child(self, child: Any) -> None:
+        """Stop a server the run started (a :class:`fpgaccl.sim.child.SocketServerProcess`):
+        within the grace period once signalled."""
+        if self.received is None:
+            child.stop()
+            return
+        if not os.path.exists(child.socket):  # still building: deaf to a shutdown request
+            _signal_group(child.proc, self.received)
+        child.stop(timeout_s=self.grace_s)
+
+
+def _signal_group(proc: subprocess.Popen, signum: int) -> None:
+    # The group outlives its leader while grandchildren hold it, and its id stays theirs.
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signum)
+
+
+def run(nprocs: int, cmd: list[str], *, grace_s: float = GRACE_S, **options: Any) -> int:
+    """Run ``cmd`` as ``nprocs`` ranks; the exit status is the first failing rank's, or
+    128 + N when signal N stopped the run (the module's docstring says how; ``grace_s``
+    replaces :data:`GRACE_S`). ``options``: ``pcap``, ``impair``, ``deadline_s``,
+    ``timeout_s``, ``backend``, ``waves``, ``sim_loss``, ``sim_ranks``, ``bridge_loss``,
+    ``bridge_pcap``, ``tap``.
 
     ``backend="sim"`` first starts the simulation server (:mod:`fpgaccl.sim.server`) and
     gives every rank its socket (FPGACCL_SIM_SOCKET) and FPGACCL_BACKEND=sim, so
@@ -75,8 +150,26 @@ def run(nprocs: int, cmd: list[str], *, pcap: str | None = None, impair: str | N
     ``rank`` of the board FPGACCL_BOARD names, or of a simulated board
     (:mod:`fpgaccl.sim.board`) started for the run when none is named.
     """
+    with _Signals(grace_s) as sig:
+        try:
+            rc = _launch(nprocs, cmd, sig=sig, **options)
+        except _Stopped:
+            rc = 1
+    if sig.received is not None:
+        print(f"fpgaccl run: stopped by {signal.Signals(sig.received).name}", file=sys.stderr)
+        return 128 + sig.received
+    return rc
+
+
+def _launch(nprocs: int, cmd: list[str], *, sig: _Signals, pcap: str | None = None,
+            impair: str | None = None, deadline_s: float | None = None,
+            timeout_s: float | None = None, backend: str = "software", waves: bool = False,
+            sim_loss: float = 0.0, sim_ranks: list[int] | None = None,
+            bridge_loss: float = 0.0, bridge_pcap: str | None = None,
+            tap: str | None = None) -> int:
+    """The body of :func:`run`, under its signal handling."""
     if sim_ranks:
-        return _run_mixed(nprocs, cmd, sorted(set(sim_ranks)), pcap=pcap, impair=impair,
+        return _run_mixed(nprocs, cmd, sorted(set(sim_ranks)), sig, pcap=pcap, impair=impair,
                           deadline_s=deadline_s, timeout_s=timeout_s, waves=waves,
                           sim_loss=sim_loss, bridge_loss=bridge_loss, bridge_pcap=bridge_pcap,
                           tap=tap)
@@ -102,27 +195,29 @@ def run(nprocs: int, cmd: list[str], *, pcap: str | None = None, impair: str | N
               "cluster: minutes)", file=sys.stderr)
         server = ServerProcess(waves=waves, loss=round(sim_loss * 65536))
         try:
-            sock = server.wait_ready()
-        except Exception as e:
-            print(f"fpgaccl run: {e}", file=sys.stderr)
-            return 1
-        try:
-            return _run(nprocs, cmd, pcap=None, impair=None, deadline_s=deadline_s,
+            try:
+                with sig.interruptible():
+                    sock = server.wait_ready()
+            except Exception as e:
+                print(f"fpgaccl run: {e}", file=sys.stderr)
+                return 1
+            return _run(nprocs, cmd, sig, pcap=None, impair=None, deadline_s=deadline_s,
                         timeout_s=timeout_s,
                         extra={"FPGACCL_BACKEND": "sim", "FPGACCL_SIM_SOCKET": sock})
         finally:
-            server.stop()
+            sig.stop_child(server)
     elif backend == "board":
-        return _run_board(nprocs, cmd, pcap=pcap, impair=impair, deadline_s=deadline_s,
+        return _run_board(nprocs, cmd, sig, pcap=pcap, impair=impair, deadline_s=deadline_s,
                           timeout_s=timeout_s)
     elif backend != "software":
         print(f"fpgaccl run: unknown backend {backend!r}", file=sys.stderr)
         return 2
-    return _run(nprocs, cmd, pcap=pcap, impair=impair, deadline_s=deadline_s,
+    return _run(nprocs, cmd, sig, pcap=pcap, impair=impair, deadline_s=deadline_s,
                 timeout_s=timeout_s)
 
 
-def _run_board(nprocs: int, cmd: list[str], *, pcap: str | None, impair: str | None,
+def _run_board(nprocs: int, cmd: list[str], sig: _Signals, *, pcap: str | None,
+               impair: str | None,
                deadline_s: float | None, timeout_s: float | None) -> int:
     """Ranks of the ``board`` backend: on the board FPGACCL_BOARD names, else on a
     simulated board started for this run (and stopped after it)."""
@@ -136,7 +231,7 @@ def _run_board(nprocs: int, cmd: list[str], *, pcap: str | None, impair: str | N
         return 2
     extra = {"FPGACCL_BACKEND": "board"}
     if os.environ.get(BOARD_ENV):
-        return _run(nprocs, cmd, pcap=None, impair=None, deadline_s=deadline_s,
+        return _run(nprocs, cmd, sig, pcap=None, impair=None, deadline_s=deadline_s,
                     timeout_s=timeout_s, extra=extra)
     from fpgaccl.sim.board import NODES, BoardProcess
     if nprocs > NODES:
@@ -147,19 +242,20 @@ def _run_board(nprocs: int, cmd: list[str], *, pcap: str | None, impair: str | N
           "first run builds it: minutes)", file=sys.stderr)
     board = BoardProcess()
     try:
-        extra[BOARD_ENV] = f"sim:{board.wait_ready()}"
-    except Exception as e:
-        print(f"fpgaccl run: {e}", file=sys.stderr)
-        board.stop()
-        return 1
-    try:
-        return _run(nprocs, cmd, pcap=None, impair=None, deadline_s=deadline_s,
+        try:
+            with sig.interruptible():
+                extra[BOARD_ENV] = f"sim:{board.wait_ready()}"
+        except Exception as e:
+            print(f"fpgaccl run: {e}", file=sys.stderr)
+            return 1
+        return _run(nprocs, cmd, sig, pcap=None, impair=None, deadline_s=deadline_s,
                     timeout_s=timeout_s, extra=extra)
     finally:
-        board.stop()
+        sig.stop_child(board)
 
 
-def _run_mixed(nprocs: int, cmd: list[str], sim_ranks: list[int], *, pcap: str | None,
+def _run_mixed(nprocs: int, cmd: list[str], sim_ranks: list[int], sig: _Signals, *,
+               pcap: str | None,
                impair: str | None, deadline_s: float | None, timeout_s: float | None,
                waves: bool, sim_loss: float, bridge_loss: float, bridge_pcap: str | None,
                tap: str | None) -> int:
@@ -197,10 +293,15 @@ def _run_mixed(nprocs: int, cmd: list[str], sim_ranks: list[int], *, pcap: str |
     server = ServerProcess(waves=waves, loss=round(sim_loss * 65536),
                            env={BRIDGE_ENV: json.dumps(opts)})
     try:
-        sock = server.wait_ready()
+        with sig.interruptible():
+            sock = server.wait_ready()
     except Exception as e:
         print(f"fpgaccl run: {e}", file=sys.stderr)
+        sig.stop_child(server)
         return 1
+    except _Stopped:
+        sig.stop_child(server)
+        raise
     sims = ",".join(map(str, sim_ranks))
     per_rank = {}
     for r in range(nprocs):
@@ -212,10 +313,11 @@ def _run_mixed(nprocs: int, cmd: list[str], sim_ranks: list[int], *, pcap: str |
                            "FPGACCL_RTO_S": os.environ.get("FPGACCL_RTO_S", str(MIXED_RTO_S)),
                            "FPGACCL_MTU": os.environ.get("FPGACCL_MTU", str(MIXED_MTU))}
     try:
-        return _run(nprocs, cmd, pcap=pcap, impair=None, deadline_s=deadline_s,
-                    timeout_s=timeout_s, per_rank=per_rank, pcap_dir=tmp, before_merge=server.stop)
+        return _run(nprocs, cmd, sig, pcap=pcap, impair=None, deadline_s=deadline_s,
+                    timeout_s=timeout_s, per_rank=per_rank, pcap_dir=tmp,
+                    before_merge=lambda: sig.stop_child(server))
     finally:
-        server.stop()
+        sig.stop_child(server)
         if tmp is not None:
             tmp.cleanup()
         summary = Path(server.dir) / "summary.json"
@@ -225,7 +327,8 @@ def _run_mixed(nprocs: int, cmd: list[str], sim_ranks: list[int], *, pcap: str |
                                              or "no frames"), file=sys.stderr)
 
 
-def _run(nprocs: int, cmd: list[str], *, pcap: str | None, impair: str | None,
+def _run(nprocs: int, cmd: list[str], sig: _Signals, *, pcap: str | None,
+         impair: str | None,
          deadline_s: float | None, timeout_s: float | None,
          extra: dict[str, str] | None = None, per_rank: dict[int, dict[str, str]] | None = None,
          pcap_dir: Any = None, before_merge: Any = None) -> int:
@@ -246,10 +349,16 @@ def _run(nprocs: int, cmd: list[str], *, pcap: str | None, impair: str | None,
         extra["FPGACCL_IMPAIR"] = impair
     if deadline_s:
         extra["FPGACCL_DEADLINE_S"] = str(deadline_s)
-    procs = [subprocess.Popen(cmd, env=rank_env(r, nprocs, port,
-                                                {**extra, **(per_rank or {}).get(r, {})}),
-                              stdout=subprocess.PIPE)
-             for r in range(nprocs)]
+    extra.setdefault(SECRET_ENV, os.environ.get(SECRET_ENV) or secrets.token_hex(16))
+    procs: list[subprocess.Popen] = []
+    for r in range(nprocs):
+        if sig.received is not None:
+            break
+        # A group of its own: a signal reaches what the rank started too, and a terminal's
+        # Ctrl-C reaches the rank once (through the launcher), not twice.
+        procs.append(subprocess.Popen(
+            cmd, env=rank_env(r, nprocs, port, {**extra, **(per_rank or {}).get(r, {})}),
+            stdout=subprocess.PIPE, start_new_session=True))
     # Whole lines only: ranks sharing one stdout pipe interleave mid-line otherwise.
     lock = threading.Lock()
 
@@ -269,34 +378,29 @@ def _run(nprocs: int, cmd: list[str], *, pcap: str | None, impair: str | None,
         t.start()
     rc = 0
     start = time.monotonic()
-    try:
-        pending = set(range(nprocs))
-        while pending:
-            for r in sorted(pending):
-                code = procs[r].poll()
-                if code is not None:
-                    pending.discard(r)
-                    if code and not rc:
-                        # A rank killed by signal N reports -N; the shell's 128 + N reads
-                        # as that signal (sys.exit(-N) would exit with 256 - N).
-                        rc = code if code > 0 else 128 - code
-                        how = f"exited with {code}" if code > 0 else \
-                            f"was killed by {signal.Signals(-code).name}"
-                        print(f"fpgaccl run: rank {r} {how}", file=sys.stderr)
-            if timeout_s is not None and time.monotonic() - start > timeout_s:
-                print(f"fpgaccl run: timed out after {timeout_s:g} s", file=sys.stderr)
-                for r in pending:
-                    procs[r].kill()
-                rc = rc or 124
-                break
-            time.sleep(0.02)
-    except KeyboardInterrupt:
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGINT)
-        for p in procs:
-            p.wait()
-        rc = 130
+    pending = set(range(len(procs)))
+    while pending:
+        if sig.received is not None:
+            rc = _stop_ranks(procs, sig)
+            break
+        for r in sorted(pending):
+            code = procs[r].poll()
+            if code is not None:
+                pending.discard(r)
+                if code and not rc:
+                    # A rank killed by signal N reports -N; the shell's 128 + N reads
+                    # as that signal (sys.exit(-N) would exit with 256 - N).
+                    rc = code if code > 0 else 128 - code
+                    how = f"exited with {code}" if code > 0 else \
+                        f"was killed by {signal.Signals(-code).name}"
+                    print(f"fpgaccl run: rank {r} {how}", file=sys.stderr)
+        if timeout_s is not None and time.monotonic() - start > timeout_s:
+            print(f"fpgaccl run: timed out after {timeout_s:g} s", file=sys.stderr)
+            for r in pending:
+                _signal_group(procs[r], signal.SIGKILL)
+            rc = rc or 124
+            break
+        time.sleep(0.02)
     for t in pumps:
         t.join(5)
     if before_merge is not None:
@@ -309,3 +413,27 @@ def _run(nprocs: int, cmd: list[str], *, pcap: str | None, impair: str | None,
         if pcap_dir is None:
             tmp.cleanup()
     return rc
+
+
+def _stop_ranks(procs: list[subprocess.Popen], sig: _Signals) -> int:
+    """Pass the signal to every rank's group; SIGKILL what is left after the grace
+    period (or at a second signal)."""
+    assert sig.received is not None
+    name = signal.Signals(sig.received).name
+    print(f"fpgaccl run: {name}: passing it to {len(procs)} rank(s); SIGKILL for those "
+          f"still running in {sig.grace_s:g} s", file=sys.stderr)
+    for p in procs:
+        _signal_group(p, sig.received)
+    end, seen = time.monotonic() + sig.grace_s, sig.count
+    while any(p.poll() is None for p in procs) and time.monotonic() < end \
+            and sig.count == seen:
+        time.sleep(0.02)
+    late = [r for r, p in enumerate(procs) if p.poll() is None]
+    if late:
+        print(f"fpgaccl run: rank(s) {late} still running after {name}: SIGKILL",
+              file=sys.stderr)
+    for p in procs:  # also what a rank started and left behind
+        _signal_group(p, signal.SIGKILL)
+    for p in procs:
+        p.wait()
+    return 128 + sig.received

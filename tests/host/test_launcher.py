@@ -1,12 +1,19 @@
-"""``fpgaccl run`` end to end: ranks from the launcher, one pcap that tshark decodes."""
+"""``fpgaccl run`` end to end: ranks from the launcher, one pcap that tshark decodes, and
+no rank outliving a launcher that is told to stop."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import tempfile
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -14,6 +21,7 @@ import pytest
 from fpgaccl.host.layers import dissect
 from fpgaccl.host.pcap import read
 from fpgaccl.proto.opcodes import Opcode
+from fpgaccl.sim.child import SocketServerProcess
 
 SCRIPT = """
 import numpy as np, fpgaccl.host
@@ -38,6 +46,7 @@ def test_run_spawns_ranks_and_init_finds_them(tmp_path: Path) -> None:
     assert res.returncode == 0, res.stderr
     found = sorted(re.findall(r"rank (\d+) of (\d+) ok", res.stdout))
     assert found == [(str(r), "3") for r in range(3)], f"{res.stdout}\n{res.stderr}"
+    assert "anyone who reaches" not in res.stderr  # the launcher gave the ranks a secret
 
 
 def test_run_reports_a_failing_rank(tmp_path: Path) -> None:
@@ -111,3 +120,122 @@ def test_bench_checks_other_collectives(coll: str) -> None:
                    "-w", "0", "-c", "1", "-d", "int32")
     assert res.returncode == 0, res.stderr + res.stdout
     assert "Out of bounds values : 0 OK" in res.stdout
+
+
+# A rank that sleeps until stopped; rank 0 also starts a child of its own (a grandchild of
+# the launcher), and with "ignore" rank 1 ignores the stop signals. Each process writes its
+# pid file only when ready, so a signal sent after they all exist finds them set up.
+SLEEPER = """
+import os, pathlib, signal, subprocess, sys, time
+d, mode, rank = pathlib.Path(sys.argv[1]), sys.argv[2], os.environ["FPGACCL_RANK"]
+if mode == "ignore" and rank == "1":
+    for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        signal.signal(s, signal.SIG_IGN)
+if rank == "0":
+    subprocess.Popen([sys.executable, "-c", "import os, pathlib, sys, time; "
+                      "p = pathlib.Path(sys.argv[1]); p.write_text(str(os.getpid())); "
+                      "p.rename(p.with_suffix('.pid')); time.sleep(600)",
+                      str(d / "grandchild.tmp")])
+tmp = d / f"rank{rank}.tmp"
+tmp.write_text(str(os.getpid()))
+tmp.rename(tmp.with_suffix(".pid"))  # whole, or not there
+time.sleep(600)
+"""
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs: a zombie nobody reaps (a container's init may not) does not."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat")
+    with contextlib.suppress(OSError):
+        return stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    return False
+
+
+def _pids(d: Path, n: int, launcher: subprocess.Popen) -> list[int]:
+    end = time.monotonic() + 10
+    while len(files := list(d.glob("*.pid"))) < n:
+        assert launcher.poll() is None, launcher.communicate()
+        assert time.monotonic() < end, "the ranks did not start"
+        time.sleep(0.02)
+    return [int(f.read_text()) for f in files]
+
+
+def _signalled(tmp_path: Path, sig: int, mode: str, grace: float) -> tuple:
+    """Start 3 sleeping ranks, signal the launcher; its exit status, stderr, the seconds
+    it took to exit and the pids of the ranks and the grandchild."""
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "fpgaccl.host.cli", "run", "-n", "3", "--grace", str(grace),
+         "--", sys.executable, "-c", SLEEPER, str(tmp_path), mode],
+        stderr=subprocess.PIPE, text=True)
+    pids: list[int] = []
+    try:
+        pids = _pids(tmp_path, 4, launcher)
+        t0 = time.monotonic()
+        launcher.send_signal(sig)
+        _, err = launcher.communicate(timeout=grace + 10)
+        return launcher.returncode, err, time.monotonic() - t0, pids
+    finally:
+        launcher.kill()
+        survivors = [p for p in pids if _alive(p)]
+        for p in survivors:  # never leave them behind, even when the test fails
+            os.kill(p, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT],
+                         ids=lambda s: s.name)
+def test_a_signal_to_the_launcher_stops_every_rank(tmp_path: Path, sig: int) -> None:
+    rc, err, took, pids = _signalled(tmp_path, sig, "obey", grace=5)
+    assert rc == 128 + sig, err
+    assert took < 5, f"the ranks obeyed at once, yet the launcher took {took:.1f} s"
+    assert f"stopped by {signal.Signals(sig).name}" in err
+    assert [p for p in pids if _alive(p)] == [], "ranks (or a rank's child) survived"
+
+
+def test_a_rank_that_ignores_the_signal_is_killed_after_the_grace_period(
+        tmp_path: Path) -> None:
+    rc, err, took, pids = _signalled(tmp_path, signal.SIGTERM, "ignore", grace=1.5)
+    assert rc == 128 + signal.SIGTERM, err
+    assert 1.5 <= took < 1.5 + 5, took
+    assert "rank(s) [1] still running after SIGTERM: SIGKILL" in err
+    assert [p for p in pids if _alive(p)] == []
+
+
+class _BuildingBoard(SocketServerProcess):
+    """A simulated board that never gets to listen (it still builds), in a session of its
+    own as the real one; with ``obey=False`` it ignores SIGTERM too."""
+
+    def __init__(self, made: list, obey: bool) -> None:
+        self.dir = tempfile.mkdtemp(prefix="fpgaccl-test-board-")
+        self.socket = os.path.join(self.dir, "board.sock")
+        ignore = "" if obey else "signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        self.proc = subprocess.Popen([sys.executable, "-c", f"import signal, time; {ignore}"
+                                      "time.sleep(600)"], start_new_session=True)
+        made.append(self)
+
+
+@pytest.mark.parametrize("obey", [True, False], ids=["obeys", "ignores"])
+def test_a_signal_while_the_board_builds_stops_the_board(monkeypatch, obey: bool) -> None:
+    from fpgaccl.host import launcher
+    from fpgaccl.sim import board
+    monkeypatch.delenv("FPGACCL_BOARD", raising=False)
+    made: list = []
+    monkeypatch.setattr(board, "BoardProcess", lambda: _BuildingBoard(made, obey))
+    threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM)).start()
+    old = signal.signal(signal.SIGTERM, lambda *a: pytest.fail("SIGTERM reached the test"))
+    t0 = time.monotonic()
+    try:
+        rc = launcher.run(2, ["true"], backend="board", grace_s=1.0)
+    finally:
+        signal.signal(signal.SIGTERM, old)
+        for b in made:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(b.proc.pid, signal.SIGKILL)
+    took = time.monotonic() - t0
+    assert rc == 128 + signal.SIGTERM
+    (b,) = made
+    assert b.proc.poll() is not None, "the board outlived the launcher"
+    assert took < (1.5 if obey else 1.0 + 5), took
