@@ -26,10 +26,10 @@ from pathlib import Path
 
 from common import RESULTS, write_results
 
-from fpgaccl.sim.benches.cluster_tb import format_summary
 from fpgaccl.sim.hdl.cluster import build_standard
 from fpgaccl.sim.hdl.link import LINK_REGS
 from fpgaccl.sim.runner import run, waves_file
+from fpgaccl.sim.tb.cluster_tb import format_summary
 
 
 def impairments(text: str) -> dict[str, int]:

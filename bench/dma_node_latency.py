@@ -25,8 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from fpgaccl.sim.benches.dma_node_top import PARAMS, DmaNodePair
 from fpgaccl.sim.runner import build, run
+from fpgaccl.sim.tb.dma_node_top import PARAMS, DmaNodePair
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -36,7 +36,7 @@ def git_rev() -> str:
         rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO,
                              capture_output=True, text=True, check=True).stdout.strip()
         dirty = subprocess.run(["git", "status", "--porcelain", "--", "hw", "sim/benches",
-                                "sim/models", "proto"], cwd=REPO, capture_output=True,
+                                "sim/tb", "sim/models", "proto"], cwd=REPO, capture_output=True,
                                text=True).stdout
         return rev + ("-dirty" if dirty.strip() else "")
     except (OSError, subprocess.CalledProcessError):

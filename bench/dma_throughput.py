@@ -36,8 +36,8 @@ def git_rev() -> str:
         rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO,
                              capture_output=True, text=True, check=True).stdout.strip()
         dirty = subprocess.run(["git", "status", "--porcelain", "--", "hw/dma",
-                                "sim/benches", "sim/models"], cwd=REPO, capture_output=True,
-                               text=True).stdout
+                                "sim/benches", "sim/tb", "sim/models"], cwd=REPO,
+                               capture_output=True, text=True).stdout
         return rev + ("-dirty" if dirty.strip() else "")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"

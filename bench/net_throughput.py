@@ -32,9 +32,9 @@ from fpgaccl.hw.net.builder import RoceBuilder
 from fpgaccl.hw.net.parser import RoceParser
 from fpgaccl.hw.net.record import RECORD
 from fpgaccl.hw.stream.beat import beat_layout
-from fpgaccl.sim.benches.net_frames import record_word
 from fpgaccl.sim.models.stream import frame_to_beats, pack
 from fpgaccl.sim.runner import FAST_BUILD_ARGS, build, run
+from fpgaccl.sim.tb.net_frames import record_word
 
 REPO = Path(__file__).resolve().parent.parent
 COUNTER_BITS = 32

@@ -21,8 +21,8 @@ import tempfile
 from pathlib import Path
 
 from fpgaccl.hw.reduce.unit import LATENCY
-from fpgaccl.sim.benches.reduce_build import build_reduce_unit
 from fpgaccl.sim.runner import run
+from fpgaccl.sim.tb.reduce_build import build_reduce_unit
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -32,7 +32,7 @@ def git_rev() -> str:
         rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO,
                              capture_output=True, text=True, check=True).stdout.strip()
         dirty = subprocess.run(["git", "status", "--porcelain", "--", "hw/reduce",
-                                "proto/reduce.py", "sim/benches"], cwd=REPO,
+                                "proto/reduce.py", "sim/benches", "sim/tb"], cwd=REPO,
                                capture_output=True, text=True).stdout.strip()
         return rev + ("-dirty" if dirty else "")
     except (OSError, subprocess.CalledProcessError):

@@ -17,8 +17,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from fpgaccl.sim.benches.transport_harness import Nodes
 from fpgaccl.sim.runner import build, run
+from fpgaccl.sim.tb.transport_harness import Nodes
 
 REPO = Path(__file__).resolve().parent.parent
 OUT = REPO / "bench" / "results" / "transport_goodput.json"

@@ -110,7 +110,7 @@ class _Signals:
             self._raise = False
 
     def stop_child(self, child: Any) -> None:
-        """Stop a server the run started (a :class:`fpgaccl.sim.child.SocketServerProcess`):
+        """Stop a server the run started (a :class:`fpgaccl.sim.servers.child.SocketServerProcess`):
         within the grace period once signalled."""
         if self.received is None:
             child.stop()

@@ -280,7 +280,7 @@ def _main(argv: list[str] | None = None) -> int:
     args.output.write_text(export_verilog(args.width, qps=args.qps))
     if not args.lint:
         return 0
-    from fpgaccl.sim.toolchain import verilator_env
+    from fpgaccl.hw.toolchain import verilator_env
     return subprocess.run(lint_command(args.output), env=verilator_env()).returncode
 
 

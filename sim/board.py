@@ -4,8 +4,8 @@ with host- and GPU-memory models, in one Verilator process.
 
 ``python -m fpgaccl.sim.board --socket PATH`` builds (or reuses) the pair -- the very
 build the DmaNode tests use -- and serves ranks until it is asked to stop (or sits idle)
-(:mod:`fpgaccl.sim.benches.board_server`). :class:`BoardProcess` is how tests and
-``FPGACCL_BOARD=sim`` runs start one.
+(:class:`fpgaccl.sim.servers.board.BoardServer` in the simulator). :class:`BoardProcess`
+is how tests and ``FPGACCL_BOARD=sim`` runs start one.
 """
 
 from __future__ import annotations
@@ -19,17 +19,17 @@ from typing import Any
 
 from fpgaccl.errors import ToolchainError
 
-from .child import SocketServerProcess
+from .servers.child import SocketServerProcess
 
-SERVER_MODULE = "fpgaccl.sim.benches.board_server"
+SERVER_MODULE = "fpgaccl.sim.servers.entry"
 WIDTH = 64
 NODES = 2
-"""Engines on the simulated board (a :class:`~fpgaccl.sim.benches.dma_node_top.DmaNodePair`)."""
+"""Engines on the simulated board (a :class:`~fpgaccl.sim.tb.dma_node_top.DmaNodePair`)."""
 
 
 def build_pair():
-    from fpgaccl.sim.benches.dma_node_top import DmaNodePair
     from fpgaccl.sim.runner import build
+    from fpgaccl.sim.tb.dma_node_top import DmaNodePair
     return build(DmaNodePair(WIDTH), f"dma_node_pair_w{WIDTH}")
 
 
@@ -40,8 +40,8 @@ def serve(socket_path: str, *, run_dir: str | None = None, seed: int = 0,
     run_dir = Path(run_dir or tempfile.mkdtemp(prefix="fpgaccl-board-"))
     summary = run_dir / "summary.json"
     run(sim, SERVER_MODULE, test_dir=run_dir,
-        params={"width": WIDTH, "socket": socket_path, "summary": str(summary), "seed": seed,
-                "idle_timeout_s": idle_timeout_s})
+        params={"server": "board", "width": WIDTH, "socket": socket_path,
+                "summary": str(summary), "seed": seed, "idle_timeout_s": idle_timeout_s})
     return json.loads(summary.read_text())
 
 

@@ -37,6 +37,8 @@ import subprocess
 from collections import Counter
 from pathlib import Path
 
+# The file format lives below sim and host alike: the bridge must not import the host.
+from fpgaccl.pcapfile import PcapFile
 from fpgaccl.proto import ETH, IPV4, UDP, ipv4_checksum
 from fpgaccl.proto.opcodes import ETHERTYPE_IPV4, ROCEV2_UDP_PORT
 from fpgaccl.sim.hdl.switch import node_mac
@@ -138,8 +140,7 @@ class UdpBridge:
         # the merged capture then holds each frame once.
         self.pcap_inbound = pcap_inbound
         if pcap:
-            from fpgaccl.host.pcap import PcapWriter
-            self.pcap = PcapWriter(pcap)
+            self.pcap = PcapFile(pcap)
         self.tap = TapMirror(tap) if tap else None
 
     # ------------------------------------------------------------------ set-up

@@ -23,8 +23,7 @@ from amaranth.back import verilog
 from amaranth.lib import wiring
 
 from fpgaccl.errors import ToolchainError
-
-from .toolchain import activate_verilator, verilator_root
+from fpgaccl.hw.toolchain import activate_verilator, verilator_root
 
 REPO = Path(__file__).resolve().parent.parent
 BUILD_ROOT = Path(os.environ.get("FPGACCL_BUILD", REPO / "build")) / "sim"

@@ -2,13 +2,13 @@
 serving the ranks of ``fpgaccl run --backend sim`` over a Unix socket.
 
 ``python -m fpgaccl.sim.server --socket PATH [--waves] [--loss N] [--json F]`` builds (or
-reuses) the standard cluster, runs the cocotb server bench
-(:mod:`fpgaccl.sim.benches.sim_server`) until every rank has connected and left, and
-prints the run summary on stderr. :class:`ServerProcess` is how the launcher and the
-tests start one. ``--waves`` uses a separate build with tracing (minutes the first time)
-and leaves the waveform in the run folder it prints: ``dump.fst`` where the lz4 and zlib
-headers are installed (Debian: liblz4-dev, zlib1g-dev), else ``dump.vcd`` (much larger:
-~8 KB per cycle for four nodes). ``FPGACCL_WAVES=1`` does the same for any run.
+reuses) the standard cluster, serves it (:class:`fpgaccl.sim.servers.cluster.ClusterServer`
+in the simulator) until every rank has connected and left, and prints the run summary on
+stderr. :class:`ServerProcess` is how the launcher and the tests start one. ``--waves``
+uses a separate build with tracing (minutes the first time) and leaves the waveform in
+the run folder it prints: ``dump.fst`` where the lz4 and zlib headers are installed
+(Debian: liblz4-dev, zlib1g-dev), else ``dump.vcd`` (much larger: ~8 KB per cycle for
+four nodes). ``FPGACCL_WAVES=1`` does the same for any run.
 """
 
 from __future__ import annotations
@@ -23,14 +23,14 @@ from typing import Any
 
 from fpgaccl.errors import ToolchainError
 
-from .child import SocketServerProcess
+from .servers.child import SocketServerProcess
 
-SERVER_MODULE = "fpgaccl.sim.benches.sim_server"
-SIM_STAGE_BYTES = 1 << 20
-"""Each of IN, OUT, TMP, TMP2 in a node's 8 MiB memory; the segment size."""
+SERVER_MODULE = "fpgaccl.sim.servers.entry"
+
 BRIDGE_ENV = "FPGACCL_SIM_BRIDGE"
 """Mixed runs: the server's bridge options (JSON: loss, seed, pcap, pcap_inbound, tap)."""
-
+SIM_STAGE_BYTES = 1 << 20
+"""Each of IN, OUT, TMP, TMP2 in a node's 8 MiB memory; the segment size."""
 
 BUILD_ENV = "FPGACCL_SIM_BUILD"
 """JSON ``{"build_dir", "toplevel", "params"}`` of an existing build of the standard
@@ -63,9 +63,10 @@ def serve(socket_path: str, *, waves: bool = False, loss: int = 0, seed: int = 1
     run_dir = Path(run_dir or tempfile.mkdtemp(prefix="fpgaccl-sim-"))
     summary = run_dir / "summary.json"
     run(sim, SERVER_MODULE, waves=waves, test_dir=run_dir,
-        params={**params, "socket": socket_path, "stage_bytes": SIM_STAGE_BYTES,
-                "summary": str(summary), "loss": loss, "seed": seed, "clock_ns": 4,
-                "idle_timeout_s": idle_timeout_s})
+        params={**params, "server": "cluster", "socket": socket_path,
+                "stage_bytes": SIM_STAGE_BYTES, "summary": str(summary), "loss": loss,
+                "seed": seed, "clock_ns": 4, "idle_timeout_s": idle_timeout_s,
+                "bridge": json.loads(os.environ.get(BRIDGE_ENV) or "{}")})
     out = json.loads(summary.read_text())
     out["run_dir"], out["waves"] = str(run_dir), waves
     return out

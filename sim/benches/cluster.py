@@ -16,8 +16,7 @@ from fpgaccl.proto.reduce import DType, ReduceOp
 from fpgaccl.proto.regmap import ENGINE_ID
 from fpgaccl.sim import bench_params
 from fpgaccl.sim.models.sequencer import SequencerModel
-
-from .cluster_tb import TB, format_summary
+from fpgaccl.sim.tb.cluster_tb import TB, format_summary
 
 
 async def run(tb, name, gen, world, xs, dtype, op, coll_id, psn_seed):

@@ -1,7 +1,7 @@
 """cocotb bench of :class:`fpgaccl.hw.dma_node.DmaNode` (two of them back to back,
-:class:`~fpgaccl.sim.benches.dma_node_top.DmaNodePair`): host and GPU memory models on
-every AXI port, the host runtime's queue driver (:class:`~.dma_harness.Driver`) and the
-GPU-kernel model.
+:class:`~fpgaccl.sim.tb.dma_node_top.DmaNodePair`): host and GPU memory models on
+every AXI port (:mod:`fpgaccl.sim.tb.dma_node_tb`), the host runtime's queue driver
+(:class:`~fpgaccl.sim.tb.dma_harness.Driver`) and the GPU-kernel model.
 
 * ``copy_program_host_to_gpu``: a WORK entry starts a one-node program whose COPY moves
   a host buffer into the GPU window through the node's copy engine.
@@ -19,12 +19,9 @@ from __future__ import annotations
 
 import json
 import random
-from collections import deque
 
 import cocotb
 import numpy as np
-from cocotb.clock import Clock
-from cocotb.triggers import ClockCycles, FallingEdge, RisingEdge
 
 from fpgaccl.proto import programs as P
 from fpgaccl.proto.plans import Peer, collective_writes, connect_writes
@@ -32,125 +29,12 @@ from fpgaccl.proto.queues import Opcode, Space, Status, node_addr, work_imm
 from fpgaccl.proto.reduce import DType, ReduceOp
 from fpgaccl.sim import bench_params
 from fpgaccl.sim.hdl.switch import node_ip, node_mac
-from fpgaccl.sim.models.gpu import GPU_PAGE, VA_BASE, GpuKernel, GpuMemory
-from fpgaccl.sim.models.host_memory import HostMemory
-
-from .dma_harness import CLK_NS, AxiPort, Driver, _CsrOp
-from .dma_node_top import PARAMS
+from fpgaccl.sim.models.gpu import GPU_PAGE, VA_BASE, GpuKernel
+from fpgaccl.sim.tb.dma_harness import Driver
+from fpgaccl.sim.tb.dma_node_tb import TB, NodeView
 
 HOST_BUF = 0x1000_0000
 GUARD = 64
-
-
-class TB:
-    def __init__(self, dut, *, seed: int = 0) -> None:
-        from fpgaccl.proto.regmap import default_map
-        self.dut = dut
-        self.width = bench_params().get("width", 64)
-        self.rmap = default_map(qps=PARAMS["qps"], regions=PARAMS["regions"],
-                                imem_words=PARAMS["imem_words"],
-                                gpu_pages=PARAMS["gpu_pages"])
-        Clock(dut.clk, CLK_NS, unit="ns").start()
-        self.hosts = [HostMemory(self.width, seed=seed + 1 + k) for k in range(2)]
-        self.gpus = [GpuMemory(self.width, pages=PARAMS["gpu_pages"], seed=seed + 3 + k)
-                     for k in range(2)]
-        self.ports = [AxiPort(dut, f"{kind}{k}", mem) for k in range(2)
-                      for kind, mem in (("host", self.hosts[k]), ("gpu", self.gpus[k]))]
-        self.csr_q: deque[tuple[int, _CsrOp]] = deque()
-        self.csr_read: _CsrOp | None = None
-        self.kernels: list[GpuKernel] = []
-        self.tx_sops: list[list[int]] = [[], []]
-        self.cycle = 0
-        dut.csr__w_stb.value = 0
-        dut.csr__r_stb.value = 0
-
-    async def reset(self) -> None:
-        self.dut.rst.value = 1
-        await ClockCycles(self.dut.clk, 3)
-        self.dut.rst.value = 0
-        await ClockCycles(self.dut.clk, 1)
-        cocotb.start_soon(self._loop())
-
-    async def _loop(self) -> None:
-        dut = self.dut
-        fe, re = FallingEdge(dut.clk), RisingEdge(dut.clk)
-        while True:
-            await fe
-            for p in self.ports:
-                p.sample()
-            sop = dut.tx_sop.value.to_unsigned()
-            if self.csr_read is not None:
-                self._rdata = dut.csr__r_data.value.to_unsigned()
-            await re
-            self.cycle += 1
-            for k in range(2):
-                if sop >> k & 1:
-                    self.tx_sops[k].append(self.cycle)
-            for p in self.ports:
-                p.step(self.cycle)
-            self._csr_step()
-            for kern in self.kernels:
-                kern.poll(self.cycle)
-
-    def _csr_step(self) -> None:
-        dut = self.dut
-        if self.csr_read is not None and self.cycle > self.csr_read.cycle + 1:
-            op, self.csr_read = self.csr_read, None
-            op.result = self._rdata
-            op.done.set()
-        elif self.csr_read is not None:
-            return
-        dut.csr__w_stb.value = 0
-        dut.csr__r_stb.value = 0
-        if self.csr_q:
-            node, op = self.csr_q.popleft()
-            op.cycle = self.cycle
-            dut.sel.value = node
-            dut.csr__addr.value = op.addr
-            if op.value is None:
-                dut.csr__r_stb.value = 1
-                self.csr_read = op
-            else:
-                dut.csr__w_data.value = op.value
-                dut.csr__w_stb.value = 1
-                op.done.set()
-
-    async def wait_cycles(self, n: int) -> None:
-        await ClockCycles(self.dut.clk, n)
-
-    def view(self, k: int) -> NodeView:
-        return NodeView(self, k)
-
-
-class NodeView:
-    """One node as :class:`~.dma_harness.Driver` expects a bench: its CSR space and its
-    memories."""
-
-    def __init__(self, tb: TB, k: int) -> None:
-        self.tb, self.k = tb, k
-        self.rmap, self.host, self.gpu = tb.rmap, tb.hosts[k], tb.gpus[k]
-
-    async def write_raw(self, addr: int, value: int, who: str = "host") -> _CsrOp:
-        op = _CsrOp(addr, value, who, cocotb.triggers.Event())
-        self.tb.csr_q.append((self.k, op))
-        await op.done.wait()
-        return op
-
-    async def csr_write(self, path: str, value: int = 0, copy: int = 0, *,
-                        who: str = "host", **fields: int) -> _CsrOp:
-        block, reg = path.split(".")
-        if fields:
-            value = self.rmap[block][reg].encode(**fields)
-        return await self.write_raw(self.rmap.address(path, copy), value, who)
-
-    async def csr_read_reg(self, path: str, copy: int = 0) -> int:
-        op = _CsrOp(self.rmap.address(path, copy), None, "host", cocotb.triggers.Event())
-        self.tb.csr_q.append((self.k, op))
-        await op.done.wait()
-        return op.result
-
-    async def wait_cycles(self, n: int) -> None:
-        await self.tb.wait_cycles(n)
 
 
 def _copy_program():

@@ -18,8 +18,7 @@ import cocotb
 from fpgaccl.hw.dma.layouts import Opcode, Space, Status
 from fpgaccl.sim import bench_params
 from fpgaccl.sim.models.gpu import GPU_PAGE
-
-from .dma_harness import TB, Driver
+from fpgaccl.sim.tb.dma_harness import TB, Driver
 
 
 async def _copy(tb, drv, **wqe) -> tuple[dict, int]:

@@ -16,8 +16,8 @@ from cocotb.triggers import ClockCycles, RisingEdge, with_timeout
 
 from fpgaccl import proto
 from fpgaccl.sim import bench_params
-from fpgaccl.sim.benches.net_frames import random_fields, record_word, scapy_frame
 from fpgaccl.sim.models.stream import StreamSink, StreamSource, frame_to_beats
+from fpgaccl.sim.tb.net_frames import random_fields, record_word, scapy_frame
 
 
 class RecordSource:

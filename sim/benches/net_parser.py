@@ -20,8 +20,8 @@ from fpgaccl.hw.net.parser import PARSER_DROPS
 from fpgaccl.proto import DropReason, Frame
 from fpgaccl.proto.drops import DROP_COUNTER_BITS
 from fpgaccl.sim import bench_params
-from fpgaccl.sim.benches.net_frames import bad_frame, expect, good_frame, record_fields
 from fpgaccl.sim.models.stream import StreamSink, StreamSource
+from fpgaccl.sim.tb.net_frames import bad_frame, expect, good_frame, record_fields
 
 
 class RecordSink:

@@ -15,8 +15,8 @@ from cocotb.triggers import ClockCycles, RisingEdge
 from fpgaccl.hw.reduce.unit import LATENCY
 from fpgaccl.proto.reduce import SUPPORTED, DType, ReduceOp, reduce_bytes
 from fpgaccl.sim import bench_params
-from fpgaccl.sim.benches.reduce_vectors import operands
 from fpgaccl.sim.models.stream import StreamSink, StreamSource, pack
+from fpgaccl.sim.tb.reduce_vectors import operands
 
 
 class TB:

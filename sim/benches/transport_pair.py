@@ -14,8 +14,7 @@ from cocotb.triggers import ClockCycles, FallingEdge, RisingEdge
 from fpgaccl.hw.transport.layouts import QPState, Status
 from fpgaccl.proto import DropReason
 from fpgaccl.sim import bench_params
-
-from .transport_harness import Link, NodeIO
+from fpgaccl.sim.tb.transport_harness import Link, NodeIO
 
 SRC = 0x1000_0000
 DST = 0x2000_0000

@@ -141,7 +141,7 @@ def test_probe_reads_the_build_from_the_engine(board):
     # ctrl.config as the Verilator-built DmaNode drives it: the build's parameters,
     # its MTU among them, agree with what the simulated board advertises.
     from fpgaccl.host.backends.board import probe
-    from fpgaccl.sim.benches.dma_node_top import PARAMS
+    from fpgaccl.sim.tb.dma_node_top import PARAMS
     dev = SimDevice(board, 0)
     try:
         got = probe(dev)

@@ -21,7 +21,7 @@ import pytest
 from fpgaccl.host.layers import dissect
 from fpgaccl.host.pcap import read
 from fpgaccl.proto.opcodes import Opcode
-from fpgaccl.sim.child import SocketServerProcess
+from fpgaccl.sim.servers.child import SocketServerProcess
 
 SCRIPT = """
 import numpy as np, fpgaccl.host

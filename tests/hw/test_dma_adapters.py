@@ -23,10 +23,10 @@ from fpgaccl.proto.queues import (
     unpack_wqe,
     work_imm,
 )
-from fpgaccl.sim.benches.dma_agents import AxiAgent, Sink, Source, run_agents
 from fpgaccl.sim.models.gpu import GPU_PAGE, VA_BASE, GpuMemory
 from fpgaccl.sim.models.host_memory import HostMemory
 from fpgaccl.sim.models.stream import pack, unpack
+from fpgaccl.sim.tb.dma_agents import AxiAgent, Sink, Source, run_agents
 
 HOST = 0x1000_0000
 RO = 0x2000_0000

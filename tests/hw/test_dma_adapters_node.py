@@ -11,9 +11,9 @@ from fpgaccl.proto import programs as P
 from fpgaccl.proto.plans import collective_writes
 from fpgaccl.proto.queues import Opcode, Space, Status, node_addr, pack_wqe, unpack_cqe, work_imm
 from fpgaccl.proto.reduce import DType, ReduceOp
-from fpgaccl.sim.benches.dma_agents import AxiAgent, run_agents
 from fpgaccl.sim.models.gpu import GPU_PAGE, VA_BASE, GpuMemory
 from fpgaccl.sim.models.host_memory import HostMemory
+from fpgaccl.sim.tb.dma_agents import AxiAgent, run_agents
 
 IN, TMP, TMP2, SQ, CQ = 0x1_0000, 0x2_0000, 0x3_0000, 0x8_0000, 0x9_0000
 

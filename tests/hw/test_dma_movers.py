@@ -10,9 +10,9 @@ from amaranth.sim import Simulator
 from fpgaccl.hw.dma.layouts import Space, Status
 from fpgaccl.hw.dma.read import ReadMover
 from fpgaccl.hw.dma.write import WriteMover
-from fpgaccl.sim.benches.dma_agents import AxiAgent, Sink, Source, run_agents
 from fpgaccl.sim.models.host_memory import AxiMemory
 from fpgaccl.sim.models.memory import Memory
+from fpgaccl.sim.tb.dma_agents import AxiAgent, Sink, Source, run_agents
 
 BASE = 0x10_0000
 

@@ -7,8 +7,8 @@ from amaranth.sim import Simulator
 
 from fpgaccl.hw.dma.layouts import PTE, Space, Status
 from fpgaccl.hw.dma.translate import Translator
-from fpgaccl.sim.benches.dma_agents import Sink, Source, run_agents
 from fpgaccl.sim.models.stream import pack
+from fpgaccl.sim.tb.dma_agents import Sink, Source, run_agents
 
 VA = 0x7F00_0000_0000
 PAGE = 1 << 16

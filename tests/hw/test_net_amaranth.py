@@ -12,8 +12,8 @@ from fpgaccl.hw.net.builder import RoceBuilder
 from fpgaccl.hw.net.parser import PARSER_DROPS, RoceParser
 from fpgaccl.hw.stream.beat import beat_layout
 from fpgaccl.proto import DropReason
-from fpgaccl.sim.benches.net_frames import random_fields, record_fields, record_word
 from fpgaccl.sim.models.stream import beats_to_frame, frame_to_beats, pack, unpack
+from fpgaccl.sim.tb.net_frames import random_fields, record_fields, record_word
 
 WIDTH = 64
 

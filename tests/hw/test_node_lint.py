@@ -17,7 +17,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.mark.parametrize("width", [64, 512])
 def test_node_export_is_lint_clean(width, tmp_path):
-    from fpgaccl.sim.toolchain import verilator_env
+    from fpgaccl.hw.toolchain import verilator_env
     path = tmp_path / "fpgaccl_node.v"
     path.write_text(export_verilog(width))
     proc = subprocess.run(lint_command(path), env=verilator_env(), capture_output=True,
@@ -28,7 +28,7 @@ def test_node_export_is_lint_clean(width, tmp_path):
 
 def test_dma_node_export_is_lint_clean(tmp_path):
     from fpgaccl.hw.dma_node import export_verilog as export_dma
-    from fpgaccl.sim.toolchain import verilator_env
+    from fpgaccl.hw.toolchain import verilator_env
     path = tmp_path / "fpgaccl_dma_node.v"
     path.write_text(export_dma(64))
     proc = subprocess.run(lint_command(path, top="fpgaccl_dma_node"), env=verilator_env(),

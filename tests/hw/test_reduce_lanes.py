@@ -12,7 +12,7 @@ from fpgaccl.hw.reduce.float_minmax import FloatMinMax
 from fpgaccl.hw.reduce.float_mul import FloatMul
 from fpgaccl.hw.reduce.int_lane import IntLane
 from fpgaccl.proto.reduce import DType, ReduceOp, reduce_reference
-from fpgaccl.sim.benches.reduce_vectors import operands, special_bits
+from fpgaccl.sim.tb.reduce_vectors import operands, special_bits
 
 FLOATS = [DType.FLOAT16, DType.BFLOAT16, DType.FLOAT32, DType.FLOAT64]
 INTS = [d for d in DType if not d.is_float]

@@ -10,7 +10,7 @@ from amaranth.sim import Simulator
 
 from fpgaccl.hw.reduce.unit import LATENCY, ReduceUnit
 from fpgaccl.proto.reduce import DType, ReduceOp, reduce_reference
-from fpgaccl.sim.benches.reduce_vectors import operands
+from fpgaccl.sim.tb.reduce_vectors import operands
 
 
 def _run(unit, cases):

@@ -8,7 +8,7 @@ from amaranth.sim import Simulator
 from fpgaccl.hw.transport import QPState, Requester, Status
 from fpgaccl.hw.transport.layouts import HDR, WRITE_DESC
 from fpgaccl.proto.opcodes import AethKind, NakCode, Opcode, aeth_syndrome
-from fpgaccl.sim.benches.transport_model import hdr, unpack
+from fpgaccl.sim.tb.transport_model import hdr, unpack
 
 W = 64
 NB = W // 8

@@ -11,7 +11,7 @@ from fpgaccl.hw.transport import QPState, Responder
 from fpgaccl.hw.transport.layouts import HDR
 from fpgaccl.proto.drops import DropReason
 from fpgaccl.proto.opcodes import AethKind, NakCode, Opcode, aeth_syndrome
-from fpgaccl.sim.benches.transport_model import unpack, write_hdr
+from fpgaccl.sim.tb.transport_model import unpack, write_hdr
 
 W = 64
 NB = W // 8

@@ -14,7 +14,7 @@ from fpgaccl.proto.reduce import (
     reduce_bytes,
     reduce_reference,
 )
-from fpgaccl.sim.benches.reduce_vectors import operands
+from fpgaccl.sim.tb.reduce_vectors import operands
 
 FLOATS = [d for d in DType if d.is_float]
 

@@ -5,8 +5,8 @@ GPU-kernel doorbell with the completion flag polled in GPU memory, and a GPU-ini
 
 import pytest
 
-from fpgaccl.sim.benches.dma_node_top import DmaNodePair
 from fpgaccl.sim.runner import build, run
+from fpgaccl.sim.tb.dma_node_top import DmaNodePair
 
 
 @pytest.mark.slow

@@ -2,8 +2,8 @@
 
 import pytest
 
-from fpgaccl.sim.benches.reduce_build import build_reduce_unit
 from fpgaccl.sim.runner import run
+from fpgaccl.sim.tb.reduce_build import build_reduce_unit
 
 
 @pytest.mark.slow

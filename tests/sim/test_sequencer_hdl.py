@@ -4,7 +4,7 @@ Python datapath, and matches the executable model bit for bit."""
 import pytest
 
 from fpgaccl.sim.runner import FAST_BUILD_ARGS, build, run
-from fpgaccl.sim.sequencer_array import SequencerArray
+from fpgaccl.sim.tb.sequencer_array_top import SequencerArray
 
 
 @pytest.mark.slow

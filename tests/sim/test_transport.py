@@ -4,8 +4,8 @@ transport of the runtime."""
 
 import pytest
 
-from fpgaccl.sim.benches.transport_harness import Nodes
 from fpgaccl.sim.runner import build, run
+from fpgaccl.sim.tb.transport_harness import Nodes
 
 PARAMS = {"width": 64, "nqp": 4, "nmr": 4, "mtu": 256}
 

@@ -1,9 +1,9 @@
 """The cluster bench's bus driver, shared by the cluster bench (sim/benches/cluster.py)
-and the sim backend's server (sim/benches/sim_server.py): reset, CSR reads/writes over
+and the sim backend's server (sim/servers/cluster.py): reset, CSR reads/writes over
 the shared bus and memory backdoor accesses, both steered to one node by ``sel``, the
 links' impairment registers, waiting for programs to end without Python per cycle, the
 per-run summary (:meth:`TB.summary`), and the IN|OUT|TMP|TMP2 buffer layout of a node's
-memory.
+memory; and the driver of the switch's external ports (:class:`ExternalPort`).
 
 The cluster's inputs are registered once (fpgaccl.sim.hdl.registered), so everything
 written here reaches the design a cycle after it is set; reads wait for that.
@@ -16,10 +16,12 @@ import contextlib
 from cocotb.clock import Clock
 from cocotb.triggers import ClockCycles, RisingEdge, SimTimeoutError, ValueChange, with_timeout
 
+from fpgaccl.hw.stream.beat import beat_layout
 from fpgaccl.proto.plans import Peer
 from fpgaccl.proto.regmap import default_map
 from fpgaccl.sim.hdl.link import LINK_COUNTERS, LINK_REGS
 from fpgaccl.sim.hdl.switch import node_ip, node_mac
+from fpgaccl.sim.models.stream import beats_to_frame, frame_to_beats, pack, unpack
 
 CLOCK_NS = 4
 """The bench clock: 4 ns, i.e. 250 MHz (the clock sim-backend times are stated at)."""
@@ -203,3 +205,61 @@ def format_summary(s: dict) -> str:
         lines.append(f"  node {n['node']}: {n['packets']} packets, {n['retransmits']} "
                      f"retransmits, drops {n['drops'] or 'none'}")
     return "\n".join(lines)
+
+
+class ExternalPort:
+    """Switch port ``p``'s external streams (``xrx{p}`` into the switch, ``xtx{p}`` out),
+    a frame at a time.
+
+    Measured with the GPI clock the bench uses: a value read after ``RisingEdge`` is
+    this cycle's (what the flops took at that edge), but a value written then reaches
+    the design one edge late: it is first sampled at the edge after next. So ``ready``
+    is written a cycle ahead of the beats it should take, and each beat is driven once
+    the design showed ``ready`` for the one before. ``valid`` and ``ready`` of these
+    streams never depend on the other side's signal (FIFOs of the registered top).
+    """
+
+    def __init__(self, dut, p, width):
+        self.clk, self.width = dut.clk, width
+        self.layout = beat_layout(width)
+        self.i_payload, self.i_valid, self.i_ready = (
+            getattr(dut, f"xrx{p}__{n}") for n in ("payload", "valid", "ready"))
+        self.o_payload, self.o_valid, self.o_ready = (
+            getattr(dut, f"xtx{p}__{n}") for n in ("payload", "valid", "ready"))
+        self.i_valid.value = 0
+        self.o_ready.value = 0
+
+    def pending(self):
+        return bool(int(self.o_valid.value))
+
+    async def recv(self):
+        beats = []
+        applies = 0          # the `ready` the design samples at the coming edge
+        self.o_ready.value = written = 1
+        while True:
+            v = int(self.o_valid.value)
+            beat = unpack(self.layout, int(self.o_payload.value)) if v else None
+            moves = v and applies
+            if moves and beat["last"]:
+                self.o_ready.value = written = 0   # from the edge after this one
+            await RisingEdge(self.clk)
+            applies = written
+            if moves:
+                beats.append(beat)
+                if beat["last"]:
+                    return beats_to_frame(beats, self.width)
+
+    async def send(self, frame):
+        beats = frame_to_beats(frame, self.width)
+        self.i_payload.value, self.i_valid.value = pack(self.layout, beats[0]), 1
+        await RisingEdge(self.clk)
+        # From here on the design sees beat k; it takes it at the coming edge if ready.
+        k = 0
+        while k < len(beats):
+            if int(self.i_ready.value):
+                k += 1
+                if k < len(beats):
+                    self.i_payload.value = pack(self.layout, beats[k])
+                else:
+                    self.i_valid.value = 0
+            await RisingEdge(self.clk)

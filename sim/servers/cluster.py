@@ -1,18 +1,18 @@
-"""cocotb "test" that turns the standard cluster into the ``sim`` backend's server.
+"""The standard cluster as the ``sim`` backend's server.
 
-It listens on a Unix socket (``params["socket"]``); each rank process of
-``fpgaccl run --backend sim`` connects, claims node ``rank`` (``hello``) and then sends
+The server loop (:mod:`fpgaccl.sim.servers.loop`) listens on a Unix socket; each rank
+process of ``fpgaccl run --backend sim`` connects, claims node ``rank`` (``hello``) and then sends
 collectives: the CSR writes of its program and context (built on the rank by
 :func:`fpgaccl.proto.plans.collective_writes`) plus its IN bytes. A collective starts
 when every rank of the world has submitted it: the server writes each node's IN through
 the memory backdoor, loads its program, rings all doorbells, then runs the clock in
 batches of :data:`BATCH` cycles until each node's ``busy`` drops, and answers each rank
-with its OUT bytes and the cycle count. Requests are polled between clock batches
-(non-blocking socket); while nothing runs the server sleeps in ``select`` -- no simulated
-time passes then, so ``cycles`` counts engine and bus work only.
+with its OUT bytes and the cycle count. While nothing runs no simulated time passes, so
+``cycles`` counts engine and bus work only.
 
-Frame format and message fields: :mod:`fpgaccl.host.sim_backend`. At exit it writes the
-run summary (cycles, frames, drops by reason, retransmissions) to ``params["summary"]``.
+Frame format: :mod:`fpgaccl.proto.framing`; message fields: the client,
+:mod:`fpgaccl.host.backends.sim`. The run summary (cycles, frames, drops by reason,
+retransmissions) is :meth:`ClusterServer.summary`.
 
 Mixed runs (``fpgaccl run --sim-ranks``): only some ranks of the world are simulated
 nodes; the others are software-backend engines on real UDP sockets. A simulated rank's
@@ -25,34 +25,21 @@ bridge (the cluster's ``external`` register). A collective starts when every sim
 rank has submitted it. While ranks are connected the server moves frames between the
 switch's external ports and the bridge between clock batches, and keeps the clock
 running for :data:`TAIL` cycles after the last bridged frame (retransmission timers
-and coalesced ACKs need simulated time). Bridge options come from the environment
-(``FPGACCL_SIM_BRIDGE``, JSON: ``loss``, ``seed``, ``pcap``, ``pcap_inbound``, ``tap``).
+and coalesced ACKs need simulated time). Bridge options: ``params["bridge"]`` (``loss``,
+``seed``, ``pcap``, ``pcap_inbound``, ``tap``; :data:`fpgaccl.sim.server.BRIDGE_ENV`).
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
 import random
-import selectors
-import socket
-import time
 
-import cocotb
-from cocotb.triggers import ClockCycles, RisingEdge
+from cocotb.triggers import ClockCycles
 
-from fpgaccl.hw.stream.beat import beat_layout
-from fpgaccl.proto.framing import FrameReader, encode
 from fpgaccl.proto.plans import Peer, connect_writes, doorbell
 from fpgaccl.proto.regmap import ENGINE_ID
-from fpgaccl.sim import bench_params
 from fpgaccl.sim.bridge import UdpBridge, ip_int
 from fpgaccl.sim.hdl.switch import node_mac
-from fpgaccl.sim.models.stream import beats_to_frame, frame_to_beats, pack, unpack
-from fpgaccl.sim.server import BRIDGE_ENV
-
-from .cluster_tb import TB
+from fpgaccl.sim.tb.cluster_tb import TB, ExternalPort
 
 BATCH = 64
 """Clock cycles between two polls of the socket and of the nodes' ``busy``."""
@@ -61,85 +48,16 @@ TAIL = 3 * 4096
 node's retransmission timer (4096 cycles) can fire and its ACKs go out."""
 PUMP_FRAMES = 16
 """Mixed runs: frames taken from each external port per pass of the server's loop."""
-BRIDGE = object()
-"""Selector data of the bridge's sockets (the listening socket's is None)."""
 KEY_BASE = 0x1000
 """Memory key of node ``k``: ``KEY_BASE + k`` (as :meth:`TB.peers` advertises it)."""
 
 
-class ExternalPort:
-    """Switch port ``p``'s external streams (``xrx{p}`` into the switch, ``xtx{p}`` out),
-    a frame at a time.
+class ClusterServer:
+    """The standard cluster as the ``sim`` backend's server (driven by
+    :func:`fpgaccl.sim.servers.loop.serve`)."""
 
-    Measured with the GPI clock the bench uses: a value read after ``RisingEdge`` is
-    this cycle's (what the flops took at that edge), but a value written then reaches
-    the design one edge late: it is first sampled at the edge after next. So ``ready``
-    is written a cycle ahead of the beats it should take, and each beat is driven once
-    the design showed ``ready`` for the one before. ``valid`` and ``ready`` of these
-    streams never depend on the other side's signal (FIFOs of the registered top).
-    """
+    name = "sim server"
 
-    def __init__(self, dut, p, width):
-        self.clk, self.width = dut.clk, width
-        self.layout = beat_layout(width)
-        self.i_payload, self.i_valid, self.i_ready = (
-            getattr(dut, f"xrx{p}__{n}") for n in ("payload", "valid", "ready"))
-        self.o_payload, self.o_valid, self.o_ready = (
-            getattr(dut, f"xtx{p}__{n}") for n in ("payload", "valid", "ready"))
-        self.i_valid.value = 0
-        self.o_ready.value = 0
-
-    def pending(self):
-        return bool(int(self.o_valid.value))
-
-    async def recv(self):
-        beats = []
-        applies = 0          # the `ready` the design samples at the coming edge
-        self.o_ready.value = written = 1
-        while True:
-            v = int(self.o_valid.value)
-            beat = unpack(self.layout, int(self.o_payload.value)) if v else None
-            moves = v and applies
-            if moves and beat["last"]:
-                self.o_ready.value = written = 0   # from the edge after this one
-            await RisingEdge(self.clk)
-            applies = written
-            if moves:
-                beats.append(beat)
-                if beat["last"]:
-                    return beats_to_frame(beats, self.width)
-
-    async def send(self, frame):
-        beats = frame_to_beats(frame, self.width)
-        self.i_payload.value, self.i_valid.value = pack(self.layout, beats[0]), 1
-        await RisingEdge(self.clk)
-        # From here on the design sees beat k; it takes it at the coming edge if ready.
-        k = 0
-        while k < len(beats):
-            if int(self.i_ready.value):
-                k += 1
-                if k < len(beats):
-                    self.i_payload.value = pack(self.layout, beats[k])
-                else:
-                    self.i_valid.value = 0
-            await RisingEdge(self.clk)
-
-
-class Client:
-    def __init__(self, sock):
-        self.sock, self.reader, self.node = sock, FrameReader(), None
-
-    def reply(self, header, payload=b""):
-        self.sock.setblocking(True)
-        try:
-            self.sock.sendall(encode(header, payload))
-        except OSError:
-            pass
-        finally:
-            self.sock.setblocking(False)
-
-
-class Server:
     def __init__(self, dut, p):
         self.dut, self.p = dut, p
         self.tb = TB(dut, p)
@@ -162,6 +80,37 @@ class Server:
         self.ports = {}           # external switch port -> ExternalPort
         self.tail = 0             # cycles to keep clocking for the bridge
 
+    async def start(self):
+        await self.tb.reset()
+        assert await self.tb.csr_read(0, self.rmap.address("ctrl.id")) == ENGINE_ID
+        self.dut.loss.value = self.p.get("loss", 0)
+        self.dut.external.value = 0
+
+    def busy(self):
+        return bool(self.running) or self.tail > 0
+
+    async def step(self):
+        if self.ports:
+            await self.pump_bridge()
+        if self.busy():
+            await ClockCycles(self.dut.clk, BATCH)
+            self.tail = max(0, self.tail - BATCH)
+            await self.poll_running()
+        if self.ports:
+            await self.pump_bridge()
+
+    def sockets(self):
+        return self.bridge.sockets() if self.ports else []
+
+    def finished(self):
+        # Every rank came and went. (Mixed runs end on the launcher's shutdown: the
+        # software ranks may still need the nodes' answers.)
+        return self.ever and not self.clients and not self.hellos and self.sim_ranks is None
+
+    def close(self):
+        if self.bridge is not None:
+            self.bridge.close()
+
     # ---------------------------------------------------------------- requests
     async def handle(self, client, h, payload):
         kind = h.get("op")
@@ -181,7 +130,7 @@ class Server:
             group[client.node] = (client, h, payload)
             if len(group) == (self.world if self.sim_ranks is None else len(self.sim_ranks)):
                 del self.pending[key]
-                await self.start(kind, group)
+                await self.start_collective(kind, group)
         elif kind == "connect":
             await self.connect(client, h)
         elif kind == "stats":
@@ -240,7 +189,7 @@ class Server:
                           f"the simulated ranks {sim_ranks}"})
             return
         if self.bridge is None:
-            opts = json.loads(os.environ.get(BRIDGE_ENV) or "{}")
+            opts = self.p.get("bridge") or {}
             self.bridge = UdpBridge(loss=float(opts.get("loss", 0.0)),
                                     seed=int(opts.get("seed", 1)), pcap=opts.get("pcap"),
                                     pcap_inbound=bool(opts.get("pcap_inbound", True)),
@@ -300,7 +249,7 @@ class Server:
             self.tail = TAIL
         return moved
 
-    async def start(self, kind, group):
+    async def start_collective(self, kind, group):
         if kind == "barrier":
             for client, _, _ in group.values():
                 client.reply({"ok": True})
@@ -326,9 +275,12 @@ class Server:
             self.running[k] = (client, h, start)
         self.stats["collectives"] += 1
 
-    def left(self, node):
-        """Rank ``node`` disconnected: whoever waits for it in a collective never gets it.
+    def left(self, client):
+        """A rank disconnected: whoever waits for it in a collective never gets it.
         (A collective already rung runs to completion: the engine needs no host.)"""
+        node = client.node
+        if node is None:
+            return
         self.clients.pop(node, None)
         self.hellos.pop(node, None)
         self.running.pop(node, None)
@@ -399,90 +351,3 @@ class Server:
                 "retransmits": sum(n["retransmits"] for n in per_node),
                 "drops": {n: v for n, v in drops.items() if v}, "per_node": per_node,
                 **self.stats}
-
-
-@cocotb.test()
-async def serve(dut):
-    p = bench_params()
-    srv = Server(dut, p)
-    tb = srv.tb
-    await tb.reset()
-    assert await tb.csr_read(0, tb.rmap.address("ctrl.id")) == ENGINE_ID
-    dut.loss.value = p.get("loss", 0)
-    dut.external.value = 0
-    path = p["socket"]
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(path)
-    lsock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    lsock.bind(path + ".tmp")
-    lsock.listen(16)
-    lsock.setblocking(False)
-    os.replace(path + ".tmp", path)  # the socket appears only once it accepts
-    sel = selectors.DefaultSelector()
-    sel.register(lsock, selectors.EVENT_READ)
-    registered = set()
-    idle_since = time.monotonic()
-    idle_limit = p.get("idle_timeout_s", 600)
-    try:
-        while not srv.stop:
-            if srv.ports:
-                for s in srv.bridge.sockets():
-                    if s not in registered:
-                        sel.register(s, selectors.EVENT_READ, BRIDGE)
-                        registered.add(s)
-            busy = bool(srv.running) or srv.tail > 0
-            events = sel.select(timeout=0 if busy else 0.05)
-            work = []
-            for key, _ in events:
-                if key.data is BRIDGE:
-                    continue  # pump_bridge reads it
-                if key.fileobj is lsock:
-                    conn, _ = lsock.accept()
-                    conn.setblocking(False)
-                    sel.register(conn, selectors.EVENT_READ, Client(conn))
-                    continue
-                client = key.data
-                try:
-                    data = client.sock.recv(1 << 20)
-                except (BlockingIOError, InterruptedError):
-                    continue
-                except OSError:
-                    data = b""
-                if not data:
-                    sel.unregister(client.sock)
-                    client.sock.close()
-                    if client.node is not None:
-                        srv.left(client.node)
-                    continue
-                for h, payload in client.reader.feed(data):
-                    work.append((client, h, payload))
-            for client, h, payload in work:
-                await srv.handle(client, h, payload)
-            if srv.ports:
-                await srv.pump_bridge()
-            if srv.running or srv.tail > 0:
-                await ClockCycles(dut.clk, BATCH)
-                srv.tail = max(0, srv.tail - BATCH)
-                await srv.poll_running()
-            if srv.ports:
-                await srv.pump_bridge()
-            if events or srv.running:
-                idle_since = time.monotonic()
-            # Every rank came and went: the run is over. (Mixed runs end on the launcher's
-            # shutdown: the software ranks may still need the nodes' answers.)
-            if srv.ever and not srv.clients and not srv.hellos and srv.sim_ranks is None:
-                break
-            if time.monotonic() - idle_since > idle_limit:
-                dut._log.warning("sim server: idle for %s s, stopping", idle_limit)
-                break
-    finally:
-        summary = await srv.summary()
-        if p.get("summary"):
-            with open(p["summary"], "w") as f:
-                json.dump(summary, f)
-        sel.close()
-        lsock.close()
-        if srv.bridge is not None:
-            srv.bridge.close()
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
