@@ -34,11 +34,16 @@ class DropReason(IntEnum):
     PHY_ERROR = 22       # the PHY flagged a receive error (rx_er) inside the frame
     RX_OVERFLOW = 23     # no room: the receive path's consumer stalled past its buffer
     NOT_FOR_US = 24      # another host's MAC (not broadcast) or another IPv4 address
+    # The control port (hw/eth/control.py, proto/control.py).
+    CONTROL_KEY = 25     # a control request without the board's key (or before it is set)
+    CONTROL_MALFORMED = 26  # not a well-formed control request (magic, version, flags,
+                            # lengths, longer than the endpoint's buffer)
 
 
 ETH_DROPS = frozenset({DropReason.BAD_FCS, DropReason.RUNT, DropReason.PHY_ERROR,
-                       DropReason.RX_OVERFLOW, DropReason.NOT_FOR_US})
-"""Reasons only the network boundary (``hw/eth``: MAC, ARP/ICMP demux) gives; a node
+                       DropReason.RX_OVERFLOW, DropReason.NOT_FOR_US,
+                       DropReason.CONTROL_KEY, DropReason.CONTROL_MALFORMED})
+"""Reasons only the network boundary (``hw/eth``: MAC, demux, control port) gives; a node
 without it reads them as zero."""
 
 DROP_COUNTER_BITS = 32
