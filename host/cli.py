@@ -59,6 +59,16 @@ def main(argv: list[str] | None = None) -> int:
     ard.add_argument("-e", "--maxbytes", default="16M")
     ard.add_argument("--json", default=None)
 
+    node = sub.add_parser("node", help="as root: one simulated node (ARP, ping, control port, "
+                          "RoCE engine) on a TAP interface, until SIGTERM/SIGINT")
+    node.add_argument("--tap", required=True, metavar="IFNAME", help="the TAP to create")
+    node.add_argument("--ip", required=True, metavar="ADDR",
+                      help="the node's IPv4 address; the kernel's side gets one in its /24")
+    node.add_argument("--netns", default=None, metavar="NAME",
+                      help="put the TAP in this network namespace (created, and removed "
+                           "at exit, if missing)")
+    node.add_argument("--mac", default=None, help="the node's MAC (default 02:fc:cc:00:00:01)")
+
     from .build_cli import add_build_subcommand
     add_build_subcommand(sub)
 
@@ -76,6 +86,9 @@ def main(argv: list[str] | None = None) -> int:
                       sim_ranks=_ranks(args.sim_ranks, parser), bridge_loss=args.bridge_loss,
                       bridge_pcap=args.bridge_pcap, tap=args.tap,
                       **({"grace_s": args.grace} if args.grace is not None else {}))
+    if args.command == "node":
+        from fpgaccl.sim.tap import DEFAULT_MAC, run_node
+        return run_node(args.tap, args.ip, netns=args.netns, mac=args.mac or DEFAULT_MAC)
     if args.command == "bench":
         from .bench import main as bench_main
         return bench_main(args)

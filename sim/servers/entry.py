@@ -1,6 +1,7 @@
 """The servers' one cocotb test: cocotb runs Python inside the simulator only as a test,
 so this builds the server its parameters name and hands it to the loop. Everything else
-lives in plain modules (:mod:`.loop`, :mod:`.cluster`, :mod:`.board`)."""
+lives in plain modules (:mod:`.loop`, :mod:`.cluster`, :mod:`.board`,
+:mod:`.tap_node`)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ from fpgaccl.sim import bench_params
 from .board import BoardServer
 from .cluster import ClusterServer
 from .loop import serve
+from .tap_node import TapNodeServer
 
-SERVERS = {"cluster": ClusterServer, "board": BoardServer}
+SERVERS = {"cluster": ClusterServer, "board": BoardServer, "tap_node": TapNodeServer}
 
 
 @cocotb.test()

@@ -1,0 +1,130 @@
+"""The node behind its network boundary: :class:`~fpgaccl.hw.eth.l2.EthServices` in
+front of :class:`~fpgaccl.hw.node.Node`.
+
+    rx -> EthServices -> roce_rx -> node.rx      (ARP, ICMP echo, control answered aside)
+    tx <- EthServices <- roce_tx <- node.tx
+          control endpoint -> CSR (straps, counters) -> node.csr
+          control endpoint + node memory masters -> ReadMux/WriteMux -> memory port
+
+``rx``/``tx`` are the MAC's beat side (frames without preamble or FCS): a simulation
+drives them directly, a board puts :class:`~fpgaccl.hw.eth.gmii.Gmii` in front.
+
+The control endpoint is the node's only CSR master: a network-attached node has no other
+host (no PCIe BAR), and the CSR bus has no stall, so a second master would need an
+arbiter that loses strobes or a bus change. The node's own bank does not see the
+boundary's drop counters (it reads :data:`~fpgaccl.proto.drops.ETH_DROPS` as zero), so
+reads of ``drops.not_for_us``, ``drops.control_key`` and ``drops.control_malformed`` are
+answered here from :class:`EthServices`, clear-on-write as the bank's counters are.
+
+Addresses: ``mac``/``ip`` are straps, loaded at reset into the node's ``port`` registers
+(so RoCE frames leave with them) and into the services' copy; later writes of those
+registers through the control port move both.
+"""
+
+from __future__ import annotations
+
+from amaranth.hdl import Module, Mux, Signal
+from amaranth.lib import wiring
+from amaranth.lib.wiring import In, Out
+
+from fpgaccl.proto.drops import DROP_COUNTER_BITS
+
+from .datapath.memport import ReadMux, WriteMux, memory_ports
+from .eth.l2 import EthServices
+from .node import Node
+from .stream.beat import beat_stream
+
+COUNTERS = ("not_for_us", "control_key", "control_malformed")
+"""The drop registers this top answers (EthServices' outputs of the same names)."""
+
+
+class EthNode(wiring.Component):
+    """``node`` keyword arguments are :class:`Node`'s; ``key`` and ``mem_log2`` the
+    control endpoint's (``mem_log2`` should be the memory behind ``rd_req``/``wr``)."""
+
+    def __init__(self, width: int = 64, *, key: int = 0, mem_log2: int = 32,
+                 **node) -> None:
+        self.width, self.key, self.mem_log2 = width, key, mem_log2
+        self.node_params = node
+        self.node = Node(width, **node)
+        super().__init__({
+            "rx": In(beat_stream(width)),
+            "tx": Out(beat_stream(width)),
+            "mac": In(48),
+            "ip": In(32),
+            **memory_ports(width, 1, 1),
+            "done": Out(1),
+            "busy": Out(1),
+        })
+
+    def elaborate(self, platform) -> Module:
+        m = Module()
+        w = self.width
+        m.submodules.node = node = self.node
+        m.submodules.svc = svc = EthServices(
+            w, control={"key": self.key, "mem_log2": self.mem_log2})
+        wiring.connect(m, wiring.flipped(self.rx), svc.rx)
+        wiring.connect(m, svc.tx, wiring.flipped(self.tx))
+        wiring.connect(m, svc.roce_rx, node.rx)
+        wiring.connect(m, node.tx, svc.roce_tx)
+        m.d.comb += [self.done.eq(node.done), self.busy.eq(node.busy),
+                     svc.lookup_ip.eq(0)]
+
+        self._csr(m, node, svc)
+
+        m.submodules.rmux = rmux = ReadMux(w, 2)
+        m.submodules.wmux = wmux = WriteMux(w, 2)
+        for i, (rq, rs, wr) in enumerate(((node.rd_req, node.rd_resp, node.wr),
+                                          (svc.rd_req, svc.rd_resp, svc.wr))):
+            wiring.connect(m, rq, getattr(rmux, f"req{i}"))
+            wiring.connect(m, getattr(rmux, f"resp{i}"), rs)
+            wiring.connect(m, wr, getattr(wmux, f"wr{i}"))
+        wiring.connect(m, rmux.req, wiring.flipped(self.rd_req))
+        wiring.connect(m, wiring.flipped(self.rd_resp), rmux.resp)
+        wiring.connect(m, wmux.wr, wiring.flipped(self.wr))
+        return m
+
+    def _csr(self, m: Module, node: Node, svc: EthServices) -> None:
+        rmap = node.regmap
+        a_lo, a_hi, a_ip = (rmap.address(f"port.{r}") for r in ("mac_lo", "mac_hi", "ip"))
+        bus = svc.csr
+        mac, ip = Signal(48), Signal(32)
+        m.d.comb += [svc.mac.eq(mac), svc.ip.eq(ip)]
+
+        # After reset, three cycles write the straps into the bank; the endpoint cannot
+        # strobe that early (a request takes longer than that to arrive).
+        step = Signal(range(4))
+        with m.If(step < 3):
+            m.d.sync += step.eq(step + 1)
+            m.d.comb += node.csr.w_stb.eq(1)
+            with m.Switch(step):
+                with m.Case(0):
+                    m.d.comb += [node.csr.addr.eq(a_lo), node.csr.w_data.eq(self.mac[:32])]
+                    m.d.sync += [mac.eq(self.mac), ip.eq(self.ip)]
+                with m.Case(1):
+                    m.d.comb += [node.csr.addr.eq(a_hi), node.csr.w_data.eq(self.mac[32:])]
+                with m.Case(2):
+                    m.d.comb += [node.csr.addr.eq(a_ip), node.csr.w_data.eq(self.ip)]
+        with m.Else():
+            m.d.comb += [node.csr.addr.eq(bus.addr), node.csr.w_stb.eq(bus.w_stb),
+                         node.csr.w_data.eq(bus.w_data), node.csr.r_stb.eq(bus.r_stb)]
+            with m.If(bus.w_stb), m.Switch(bus.addr):
+                with m.Case(a_lo):
+                    m.d.sync += mac[:32].eq(bus.w_data)
+                with m.Case(a_hi):
+                    m.d.sync += mac[32:].eq(bus.w_data[:16])
+                with m.Case(a_ip):
+                    m.d.sync += ip.eq(bus.w_data)
+
+        # The boundary's counters: the count since the last write (clear-on-write).
+        r_data = node.csr.r_data
+        for name in COUNTERS:
+            addr = rmap.address(f"drops.{name}")
+            count = getattr(svc, name)
+            base = Signal(DROP_COUNTER_BITS, name=f"{name}_base")
+            picked = Signal(name=f"{name}_read")   # answered the cycle after the strobe
+            m.d.sync += picked.eq(bus.r_stb & (bus.addr == addr))
+            with m.If(bus.w_stb & (bus.addr == addr)):
+                m.d.sync += base.eq(count)
+            r_data = Mux(picked, (count - base)[:32], r_data)
+        m.d.comb += bus.r_data.eq(r_data)
