@@ -45,7 +45,6 @@ class EthNode(wiring.Component):
     def __init__(self, width: int = 64, *, key: int = 0, mem_log2: int = 32,
                  **node) -> None:
         self.width, self.key, self.mem_log2 = width, key, mem_log2
-        self.node_params = node
         self.node = Node(width, **node)
         super().__init__({
             "rx": In(beat_stream(width)),
