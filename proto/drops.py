@@ -34,11 +34,18 @@ class DropReason(IntEnum):
     PHY_ERROR = 22       # the PHY flagged a receive error (rx_er) inside the frame
     RX_OVERFLOW = 23     # no room: the receive path's consumer stalled past its buffer
     NOT_FOR_US = 24      # another host's MAC (not broadcast) or another IPv4 address
+    # Hostile or stale traffic the ICRC cannot tell from good (anyone can compute one).
+    WRONG_SOURCE = 25    # a valid packet for a QP from an address/port not its peer's
+    ACK_PSN_INVALID = 26 # an ACK/NAK naming a PSN that is not outstanding
 
 
 ETH_DROPS = frozenset({DropReason.BAD_FCS, DropReason.RUNT, DropReason.PHY_ERROR,
                        DropReason.RX_OVERFLOW, DropReason.NOT_FOR_US})
 """Reasons only the network boundary (``hw/eth``: MAC, ARP/ICMP demux) gives; a node
 without it reads them as zero."""
+
+SOFTWARE_DROPS = frozenset({DropReason.WRONG_SOURCE})
+"""Reasons only the software engine gives: the HDL transport's header record carries no
+IP or UDP source to check (see hw/transport/responder.py); a node reads them as zero."""
 
 DROP_COUNTER_BITS = 32
