@@ -98,15 +98,21 @@ class Receiver:
                 src = self._ips[src_ip] = wire.ip_to_int(src_ip)
             if seg >= n:
                 self.packet(buf[:n], n, src, sport, now)
-                continue
-            k = n // seg
-            start = 0
-            if k > 1:
-                start = self._middle_run(self._rxarr[:k * seg], seg, k, src, sport) * seg
-            for off in range(start, n, seg):
-                m = min(seg, n - off)
-                self.packet(buf[off:off + m], m, src, sport, now)
+            else:
+                self.coalesced(n, seg, src, sport, now)
         return got
+
+    def coalesced(self, n: int, seg: int, src: int, sport: int, now: float) -> None:
+        """Check and dispatch the ``n`` bytes of ``seg``-byte datagrams (the last one may be
+        shorter) that GRO joined in the receive buffer, the Python path's way."""
+        buf = self._rxview
+        k = n // seg
+        start = 0
+        if k > 1:
+            start = self._middle_run(self._rxarr[:k * seg], seg, k, src, sport) * seg
+        for off in range(start, n, seg):
+            m = min(seg, n - off)
+            self.packet(buf[off:off + m], m, src, sport, now)
 
     def _receive_native(self, sock: socket.socket) -> bool:
         """:meth:`_receive_python` through ``fp_recv_batch``: up to ``_RX_SLOTS`` datagrams
