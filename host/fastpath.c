@@ -655,8 +655,8 @@ static int bulk_take_ack(bulk_t *b, const uint8_t *d, double now) {
     uint32_t psn = load_be32(d + 8) & b->psn_mask;
     uint32_t oldest = (b->next_psn - b->inflight) & b->psn_mask;
     int32_t n = psn_dist(psn, oldest, b->psn_mask) + 1;
-    if (n > (int32_t)b->inflight)
-        n = (int32_t)b->inflight;
+    if (n < 0 || n > (int32_t)b->inflight)
+        return 0; /* not outstanding (nor the newest ACKed): Python drops and counts it */
     b->acks_rx++;
     if (n > 0) {
         b->inflight -= (uint32_t)n;

@@ -289,6 +289,7 @@ class QueuePair:
         # Filled by connect() from the rendezvous.
         self.remote_qpn = 0
         self.addr: tuple[str, int] = ("", 0)
+        self.peer_sport = self.peer_sport_alt = -1  # none until connected
         self.src_ip = 0
         self.dst_ip = 0
         self.remote_va = 0
@@ -342,9 +343,16 @@ class QueuePair:
         self._whole_ref = ctypes.byref(self._whole)
 
     def connect(self, *, remote_qpn: int, addr: tuple[str, int], local_ip: str, send_psn: int,
-                recv_psn: int, remote_va: int, remote_rkey: int) -> None:
+                recv_psn: int, remote_va: int, remote_rkey: int,
+                peer_sport: int | None = None) -> None:
+        """``peer_sport``: the UDP port the peer sends from, where it is known; a software
+        engine sends from its bound port (``addr[1]``), an HDL node from
+        :func:`wire.hdl_sport` of its QPN. Unknown (None): either of those two."""
         self.remote_qpn = remote_qpn
         self.addr = addr
+        # Only these (the peer's address, and one of at most two ports) speak for the QP.
+        self.peer_sport = addr[1] if peer_sport is None else peer_sport
+        self.peer_sport_alt = wire.hdl_sport(remote_qpn) if peer_sport is None else peer_sport
         self.src_ip = wire.ip_to_int(local_ip)
         self.dst_ip = wire.ip_to_int(addr[0])
         self.next_psn = send_psn
@@ -598,6 +606,13 @@ class QueuePair:
 
     def on_ack(self, psn: int, syndrome: int, now: float) -> None:
         kind, code = split_syndrome(syndrome)
+        # Only a PSN we sent and is not yet ACKed may be NAKed or ACKed; an ACK may also
+        # repeat the newest one ACKed (a responder's answer to a duplicate).
+        d = psn_diff(psn, (self.next_psn - self.inflight) & wire.PSN_MASK)
+        if not (0 if kind == AethKind.NAK else -1) <= d < self.inflight:
+            self.engine.drop(DropReason.ACK_PSN_INVALID)
+            return
+        self.engine.stats["acks_rx"] += 1
         if kind == AethKind.NAK and code == NakCode.PSN_SEQUENCE_ERROR:
             self._acked(psn - 1, now)
             self.engine.stats["nak_rx"] += 1

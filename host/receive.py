@@ -22,6 +22,7 @@ from . import native, wire
 from .qp import _MIDDLE, _WRITES, QueuePair
 from .udp import GRO_CMSG_SPACE, GRO_SIZE, SOL_UDP, UDP_GRO, Udp
 
+_HEADERS_LEN = wire.HEADERS_LEN
 _RX_SLOTS = 32  # datagrams (or GRO runs) per recvmmsg with the C path: 2 MiB of buffer
 BULK_LOOP = True
 """Whether the engine hands the steady state of large transfers to ``fp_bulk`` (the C
@@ -97,15 +98,21 @@ class Receiver:
                 src = self._ips[src_ip] = wire.ip_to_int(src_ip)
             if seg >= n:
                 self.packet(buf[:n], n, src, sport, now)
-                continue
-            k = n // seg
-            start = 0
-            if k > 1:
-                start = self._middle_run(self._rxarr[:k * seg], seg, k, src, sport) * seg
-            for off in range(start, n, seg):
-                m = min(seg, n - off)
-                self.packet(buf[off:off + m], m, src, sport, now)
+            else:
+                self.coalesced(n, seg, src, sport, now)
         return got
+
+    def coalesced(self, n: int, seg: int, src: int, sport: int, now: float) -> None:
+        """Check and dispatch the ``n`` bytes of ``seg``-byte datagrams (the last one may be
+        shorter) that GRO joined in the receive buffer, the Python path's way."""
+        buf = self._rxview
+        k = n // seg
+        start = 0
+        if k > 1:
+            start = self._middle_run(self._rxarr[:k * seg], seg, k, src, sport) * seg
+        for off in range(start, n, seg):
+            m = min(seg, n - off)
+            self.packet(buf[off:off + m], m, src, sport, now)
 
     def _receive_native(self, sock: socket.socket) -> bool:
         """:meth:`_receive_python` through ``fp_recv_batch``: up to ``_RX_SLOTS`` datagrams
@@ -164,8 +171,9 @@ class Receiver:
             return None  # not a MIDDLE, or a pad / header version / SE / MigReq bit
         _, _, _, dqpn, _ = wire.BTH_FMT.unpack_from(run)
         qp = self.qps.get(dqpn & wire.QPN_MASK)
-        if qp is None:
-            return None
+        if qp is None or src != qp.dst_ip or (sport != qp.peer_sport
+                                               and sport != qp.peer_sport_alt):
+            return None  # packet() counts it
         return qp, dqpn, wire.icrc_seed(src, qp.src_ip, sport, self.port, wire.UDP_LEN + seg)
 
     def _middle_runs(self, j: int, r: int, seg: int, src: int, sport: int) -> tuple[int, int]:
@@ -215,6 +223,9 @@ class Receiver:
         if opcode not in SUPPORTED_OPCODES:
             self.drops[DropReason.UNKNOWN_OPCODE] += 1
             return
+        if n < _HEADERS_LEN[opcode]:
+            self.drops[DropReason.TRUNCATED] += 1
+            return
         qp = self.qps.get(dqpn & wire.QPN_MASK)
         if qp is None:
             self.drops[DropReason.BAD_QPN] += 1
@@ -228,6 +239,10 @@ class Receiver:
                                   buf[wire.BTH_LEN:n - wire.ICRC_LEN])
         if want != buf[n - wire.ICRC_LEN:n]:
             self.drops[DropReason.BAD_ICRC] += 1
+            return
+        # Anyone can seal an ICRC: only the peer speaks for its queue pair.
+        if src != qp.dst_ip or (sport != qp.peer_sport and sport != qp.peer_sport_alt):
+            self.drops[DropReason.WRONG_SOURCE] += 1
             return
         if opcode == Opcode.ACKNOWLEDGE:
             (aeth,) = wire.AETH_FMT.unpack_from(buf, wire.BTH_LEN)

@@ -23,12 +23,16 @@ from fpgaccl.proto.headers import ICRC_BYTES, RING_STEP_CREDIT, RING_STEP_P2P
 from fpgaccl.proto.icrc import VARIANT_MASK
 from fpgaccl.proto.opcodes import (
     ACK_CREDIT_INVALID,
+    AETH_OPCODES,
+    IMMDT_OPCODES,
     PSN_MOD,
+    RETH_OPCODES,
     ROCEV2_UDP_PORT,
     AethKind,
     Opcode,
     aeth_syndrome,
 )
+from fpgaccl.proto.plans import QPN_BASE
 
 # The struct formats mirror the proto tables; the asserts keep them from drifting apart.
 # BTH words: opcode | se,m,pad,tver | pkey | fecn,becn,resv6,dqpn | ackreq,resv7,psn
@@ -171,6 +175,21 @@ def ack_datagram(src: int, dst: int, dqpn: int, psn: int, syndrome: int, msn: in
                  sport: int = ROCEV2_UDP_PORT, dport: int = ROCEV2_UDP_PORT) -> bytes:
     """A complete ACK/NAK datagram (BTH + AETH + ICRC)."""
     return AckSealer(src, dst, dqpn, sport, dport)(psn, syndrome, msn)
+
+
+HEADERS_LEN = tuple(BTH_LEN + ICRC_LEN + (RETH_LEN if op in RETH_OPCODES else 0)
+                    + (IMM_LEN if op in IMMDT_OPCODES else 0)
+                    + (AETH_LEN if op in AETH_OPCODES else 0) for op in range(256))
+"""By opcode: the shortest datagram that holds the headers it needs (BTH, RETH, ImmDt,
+AETH) and the ICRC; a shorter one is dropped as TRUNCATED before a header is read."""
+
+HDL_SPORT = UDP["sport"].default
+"""An HDL node's UDP source port base (the ``port.udp_sport`` register's reset value)."""
+
+
+def hdl_sport(remote_qpn: int) -> int:
+    """The port an HDL node sends from on its QP ``remote_qpn``: base + QP index."""
+    return (HDL_SPORT + remote_qpn - QPN_BASE) & 0xFFFF
 
 
 def pack_imm(coll_id: int, step: int) -> int:

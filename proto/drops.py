@@ -38,6 +38,9 @@ class DropReason(IntEnum):
     CONTROL_KEY = 25     # a control request without the board's key (or before it is set)
     CONTROL_MALFORMED = 26  # not a well-formed control request (magic, version, flags,
                             # lengths, longer than the endpoint's buffer)
+    # Hostile or stale traffic the ICRC cannot tell from good (anyone can compute one).
+    WRONG_SOURCE = 27    # a valid packet for a QP from an address/port not its peer's
+    ACK_PSN_INVALID = 28  # an ACK/NAK naming a PSN that is not outstanding
 
 
 ETH_DROPS = frozenset({DropReason.BAD_FCS, DropReason.RUNT, DropReason.PHY_ERROR,
@@ -45,5 +48,9 @@ ETH_DROPS = frozenset({DropReason.BAD_FCS, DropReason.RUNT, DropReason.PHY_ERROR
                        DropReason.CONTROL_KEY, DropReason.CONTROL_MALFORMED})
 """Reasons only the network boundary (``hw/eth``: MAC, demux, control port) gives; a node
 without it reads them as zero."""
+
+SOFTWARE_DROPS = frozenset({DropReason.WRONG_SOURCE})
+"""Reasons only the software engine gives: the HDL transport's header record carries no
+IP or UDP source to check (see hw/transport/responder.py); a node reads them as zero."""
 
 DROP_COUNTER_BITS = 32

@@ -95,11 +95,16 @@ class SoftwareBackend:
                          info, timeout_s)
         for peer, qp in engine.by_peer.items():
             theirs = table[peer]["qps"][str(rank)]
+            software = table[peer].get("backend") == "software"
+            # The one port the peer sends from: a software engine's bound port, an HDL
+            # node's per-QP source port.
             qp.connect(remote_qpn=theirs["qpn"], addr=(table[peer]["ip"], table[peer]["port"]),
                        local_ip=engine.addr[0], send_psn=psn0[peer],
                        recv_psn=theirs["psn"], remote_va=theirs["va"],
-                       remote_rkey=theirs["rkey"])
-            if table[peer].get("backend") == "software":
+                       remote_rkey=theirs["rkey"],
+                       peer_sport=(table[peer]["port"] if software
+                                   else wire.hdl_sport(theirs["qpn"])))
+            if software:
                 qp.ack_delay = engine.ack_delay_s
         engine.open_peer_sockets()
         # Only software peers: a bigger send window (an HDL node's receive path has no

@@ -17,10 +17,16 @@ sent. Because a message's packets have fixed size, a PSN maps back to a byte off
 shift: go-back-N rewinds the send pointer to a PSN and the issuer re-reads the memory
 from that offset -- nothing is buffered for retransmission.
 
-* ACK for PSN p in [una, end): everything up to p is acknowledged; the timer restarts
-  and the retry count clears; when ``una`` reaches ``end`` the descriptor completes OK.
-* NAK PSN-sequence-error p: everything before p is acknowledged and sending resumes at p.
-* Any other NAK (remote access error, invalid request): error completion, QP in error.
+* ACK for PSN p in [una, hi) (outstanding: sent, not yet ACKed): everything up to p is
+  acknowledged; the timer restarts and the retry count clears; when ``una`` reaches
+  ``end`` the descriptor completes OK.
+* NAK PSN-sequence-error p in [una, hi): everything before p is acknowledged and
+  sending resumes at p.
+* Any other NAK (remote access error, invalid request) for p in [una, hi): error
+  completion, QP in error.
+* An ACK/NAK for a PSN not outstanding (but an ACK of ``una - 1``, the answer to a
+  duplicate) does nothing and is counted (``ack_psn_invalid``: the drop reason
+  ``ACK_PSN_INVALID``), so a forged or stale NAK cannot fail the QP or force a resend.
 * Nothing acknowledged for ``timeout << min(retries, 3)`` cycles while packets are out
   (the host model's exponential backoff, capped): rewind to ``una``; after
   ``max_retries`` such timeouts in a row the descriptor completes RETRY_EXCEEDED and the
@@ -86,6 +92,7 @@ class Requester(wiring.Component):
             "timeouts": Out(32),
             "naks_rx": Out(32),
             "bad_qpn": Out(32),
+            "ack_psn_invalid": Out(32),
         })
 
     def elaborate(self, platform) -> Module:
@@ -306,22 +313,27 @@ class Requester(wiring.Component):
         # worked out in b's waiting cycle into registers from the QP's state then
         # (the control changes none of it in that cycle): the acting cycle only ANDs a
         # flop with the handshake.
-        acks, fins, seqs, seq_clrs, fatals = (Signal(nqp, name=n) for n in
-                                              ("acks", "fins", "seqs", "seq_clrs", "fatals"))
-        naks = Signal()         # a NAK for a live QP: counted
+        acks, fins, seqs, seq_clrs, fatals, bads = (
+            Signal(nqp, name=n) for n in ("acks", "fins", "seqs", "seq_clrs", "fatals", "bads"))
+        naks = Signal()         # a NAK a live QP acts on: counted
         live_any = []
+        is_nak = kind == AethKind.NAK
         for i in range(nqp):
             du = psn_sub(m, p, una[i], f"d_una{i}")
-            de = psn_sub(m, p, end[i], f"d_end{i}")
-            live = (aq == i) & hit & active[i] & ~err[i]
-            live_any.append(live)
-            win = ~behind(du) & behind(de)
+            dh = psn_sub(m, p, hi[i], f"d_hi{i}")
+            mine = (aq == i) & hit & ~err[i]
+            live = mine & active[i]
+            # Outstanding: sent (before ``hi``) and not yet ACKed. Anything else is
+            # dropped and counted, but a repeat ACK of the newest ACKed (una - 1).
+            win = ~behind(du) & behind(dh)
+            live_any.append(live & win)
             m.d.sync += [acks[i].eq(live & is_ack & win),
                          fins[i].eq(live & is_ack & win & (p1 == end[i])),
                          seqs[i].eq(live & is_seq & win),
                          seq_clrs[i].eq(live & is_seq & win & (du != 0)),
-                         fatals[i].eq(live & is_fatal)]
-        m.d.sync += naks.eq(Cat(*live_any).any() & (kind == AethKind.NAK))
+                         fatals[i].eq(live & is_fatal & win),
+                         bads[i].eq(mine & ~(live & win) & (is_nak | (p1 != una[i])))]
+        m.d.sync += naks.eq(Cat(*live_any).any() & is_nak)
 
         t = Signal(range(max(nqp, 2)))
         m.d.sync += t.eq(Mux(t == nqp - 1, 0, t + 1))
@@ -411,6 +423,8 @@ class Requester(wiring.Component):
                     sat_inc(m, self.bad_qpn)
                 with m.If(naks):
                     sat_inc(m, self.naks_rx)
+                with m.If(bads.any()):
+                    sat_inc(m, self.ack_psn_invalid)
                 # ACK in the window: acknowledged up to p, done when that is the end.
                 on(una, acks, p1)
                 set_retries(acks, Const(0, 8))

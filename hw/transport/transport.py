@@ -17,7 +17,7 @@ CSR: ``qp_ctl``/``mr_ctl`` are exactly the CSR bank's ports of the same names (w
 ``bank.qp_ctl`` to ``transport.qp_ctl``), ``qp_sts`` its ``qp_sts``; ``drops`` is
 indexed by :class:`~fpgaccl.proto.drops.DropReason` (only the transport's reasons count
 here: BAD_QPN, UNKNOWN_OPCODE, PSN_DUPLICATE, PSN_OUT_OF_ORDER, BAD_RKEY, OUT_OF_BOUNDS,
-ACCESS_DENIED).
+ACCESS_DENIED, ACK_PSN_INVALID).
 """
 
 from __future__ import annotations
@@ -103,6 +103,7 @@ class Transport(wiring.Component):
         # ACKs to an unknown QPN are counted with the data packets' BAD_QPN drops.
         m.d.comb += self.drops[DropReason.BAD_QPN].eq(
             rsp.drops[DropReason.BAD_QPN] + req.bad_qpn)
+        m.d.comb += self.drops[DropReason.ACK_PSN_INVALID].eq(req.ack_psn_invalid)
 
         # Receive router: ACKs carry no payload, so the split needs no payload steering.
         is_ack = self.rx_hdr.payload.bth.opcode == Opcode.ACKNOWLEDGE

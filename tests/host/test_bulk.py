@@ -155,8 +155,11 @@ _NAK_SEQ = aeth_syndrome(AethKind.NAK, NakCode.PSN_SEQUENCE_ERROR)
 TX_CASES = {
     "ack": (10, (wire.ACK_SYNDROME, 1), None, (native.BULK_TIMER, 6, 4, 1, 1)),
     "nak": (10, (_NAK_SEQ, 1), None, (native.BULK_BATCH, 4, 4, None, 0)),
-    "beyond-sent": (10, (wire.ACK_SYNDROME, 50), None, (native.BULK_TIMER, 8, 4, 3, 1)),
-    "stale": (10, (wire.ACK_SYNDROME, -5), None, (native.BULK_TIMER, 4, 4, None, 1)),
+    # An ACK for a PSN not outstanding (nor the newest ACKed, offset -1) is Python's to
+    # drop and count (ACK_PSN_INVALID); it ACKs nothing here.
+    "beyond-sent": (10, (wire.ACK_SYNDROME, 50), None, (native.BULK_BATCH, 4, 4, None, 0)),
+    "stale": (10, (wire.ACK_SYNDROME, -5), None, (native.BULK_BATCH, 4, 4, None, 0)),
+    "repeat": (10, (wire.ACK_SYNDROME, -1), None, (native.BULK_TIMER, 4, 4, None, 1)),
     "message-end": (10, (wire.ACK_SYNDROME, 1), 1, (native.BULK_ACKED, 4, 2, 1, 1)),
     "all-sent": (3, None, None, (native.BULK_TX_DONE, 3, 3, None, 0)),
 }

@@ -869,3 +869,182 @@ def test_send_window_fits_small_receive_buffers() -> None:
         # A receiver starved past two retransmit timeouts gets a whole window twice, which
         # no fit budgets for: only a run without timeouts must be free of losses.
         assert res["naks"] == 0 or res["timeouts"] > 0, res
+
+
+# ------------------------------------------------------------ hostile traffic (issue 34)
+def sealed(opcode: int, psn: int, qpn: int, body: bytes, src: str, dst: str,
+           sport: int = wire.ROCEV2_UDP_PORT, dport: int = wire.ROCEV2_UDP_PORT,
+           ackreq: bool = True) -> bytes:
+    """BTH + ``body`` + a correct ICRC, whatever the opcode needs: a datagram the proto
+    model would refuse to build (a WRITE FIRST without its RETH, say)."""
+    seed = wire.icrc_seed(wire.ip_to_int(src), wire.ip_to_int(dst), sport, dport,
+                          wire.UDP_LEN + wire.BTH_LEN + len(body) + wire.ICRC_LEN)
+    return (wire.bth(opcode, 0, qpn, ackreq, psn) + body
+            + wire.datagram_icrc(seed, wire.bth_masked(opcode, 0, qpn, ackreq, psn), body))
+
+
+def _rank_sockets(skip: set[tuple[str, int]]) -> set[tuple[str, int]]:
+    """What an unprivileged local user sees: UDP sockets bound on port 4791 (here only
+    those of loopback addresses ``skip`` does not hold)."""
+    found = set()
+    with open("/proc/net/udp") as f:
+        for line in f.readlines()[1:]:
+            hexip, hexport = line.split()[1].split(":")
+            ip = socket.inet_ntoa(struct.pack("<I", int(hexip, 16)))
+            if int(hexport, 16) == wire.ROCEV2_UDP_PORT and ip.startswith("127."):
+                found.add((ip, wire.ROCEV2_UDP_PORT))
+    return found - skip
+
+
+def _allreduce_rounds(comm, n: int, rounds: int) -> dict:
+    p = comm.world_size
+    for i in range(rounds):
+        x = (np.arange(n, dtype=np.int64) * (comm.rank + 1) + i) % 1009
+        got = comm.allreduce(x, algo="ring")
+        want = sum((np.arange(n, dtype=np.int64) * (k + 1) + i) % 1009 for k in range(p))
+        assert np.array_equal(got, want), f"round {i} differs"
+    return {"drops": comm.drop_counters(), "stats": comm.stats()}
+
+
+def test_forged_naks_from_another_address_do_not_fail_a_job() -> None:
+    """Reported: a few forged NAKs (remote access error, any PSN, a correct ICRC) from
+    127.0.0.1, no rank's address, failed every rank of a running allreduce with
+    RemoteAccessError. They are dropped as WRONG_SOURCE and the job is bit-exact."""
+    before = _rank_sockets(set())
+    stop = threading.Event()
+    sent = [0]
+
+    def forge() -> None:
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        s.bind(("127.0.0.1", 0))
+        sport = s.getsockname()[1]
+        rng = np.random.default_rng(1)
+        nak = aeth_syndrome(AethKind.NAK, NakCode.REMOTE_ACCESS_ERROR)
+        try:
+            while not stop.is_set():
+                for ip, port in _rank_sockets(before):
+                    for qpn in range(0x100, 0x104):
+                        psn = int(rng.integers(0, wire.PSN_MOD))
+                        with contextlib.suppress(OSError):
+                            s.sendto(wire.ack_datagram(wire.ip_to_int("127.0.0.1"),
+                                                       wire.ip_to_int(ip), qpn, psn, nak, 0,
+                                                       sport, port), (ip, port))
+                            sent[0] += 1
+                time.sleep(0.002)
+        finally:
+            s.close()
+
+    t = threading.Thread(target=forge, daemon=True)
+    t.start()
+    try:
+        res = all_ok(run_world(4, _allreduce_rounds, n=50_000, rounds=30, timeout=120))
+    finally:
+        stop.set()
+        t.join(5)
+    wrong = [r["drops"]["WRONG_SOURCE"] for r in res]
+    assert sent[0] > 0 and all(w > 0 for w in wrong), (sent, wrong)
+    assert all(r["drops"]["ACK_PSN_INVALID"] == 0 for r in res)
+
+
+def test_write_first_without_reth_is_truncated_and_the_engine_goes_on(engine_and_peer) -> None:
+    """Reported: a 16-byte RDMA WRITE FIRST (no RETH) at the expected PSN with a correct
+    ICRC killed the engine thread (struct.error). Too short for a header its opcode
+    needs, any datagram is TRUNCATED; the next WRITE lands."""
+    eng, peer = engine_and_peer
+    qp = eng.by_peer[1]
+    for op in (Opcode.RDMA_WRITE_FIRST, Opcode.RDMA_WRITE_ONLY,
+               Opcode.RDMA_WRITE_ONLY_WITH_IMMEDIATE, Opcode.RDMA_WRITE_LAST_WITH_IMMEDIATE,
+               Opcode.ACKNOWLEDGE):
+        peer.sendto(sealed(op, 100, qp.qpn, b"", "127.77.1.2", "127.77.1.1"), eng.addr)
+    peer.sendto(_write(qp.qpn, 100, qp.ring.va, qp.ring.rkey, b"v" * 24, "127.77.1.2",
+                       "127.77.1.1"), eng.addr)
+    kind, _, psn = _read_ack(peer)
+    assert (kind, psn) == (AethKind.ACK, 100)
+    assert eng.failed is None
+    assert eng.drops[DropReason.TRUNCATED] == 5
+    assert qp.ring.buf[:24].tobytes() == b"v" * 24
+
+
+def test_acks_and_naks_for_psns_not_outstanding_are_dropped(engine_and_peer) -> None:
+    """An ACK or NAK from the peer's own address naming a PSN it was never sent (or one
+    already ACKed) does nothing but count ACK_PSN_INVALID: no error, no resend. An ACK
+    of the newest PSN ACKed (the answer to a duplicate) is not a drop."""
+    eng, peer = engine_and_peer
+    qp = eng.by_peer[1]
+    data = np.arange(100, dtype=np.uint8)
+    comp = eng.send(1, 7, 3, memoryview(data))  # one packet, PSN 10
+    peer.recvfrom(65536)
+    src, dst = wire.ip_to_int("127.77.1.2"), wire.ip_to_int("127.77.1.1")
+
+    def ack(psn: int, syndrome: int) -> None:
+        peer.sendto(wire.ack_datagram(src, dst, qp.qpn, psn, syndrome, 0), eng.addr)
+
+    fatal = aeth_syndrome(AethKind.NAK, NakCode.REMOTE_ACCESS_ERROR)
+    seq = aeth_syndrome(AethKind.NAK, NakCode.PSN_SEQUENCE_ERROR)
+    ack(11, wire.ACK_SYNDROME)  # not sent yet: would complete the send unseen
+    ack(9, fatal)               # ACKed before (nothing was): outside the window
+    ack(0x777777, fatal)
+    ack(12, seq)                # beyond what was sent: would be a resend
+    ack(9, seq)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and eng.drops[DropReason.ACK_PSN_INVALID] < 5:
+        time.sleep(0.01)
+    assert eng.drops[DropReason.ACK_PSN_INVALID] == 5
+    assert qp.error is None and eng.failed is None and not comp.done
+    assert eng.stats["retransmits"] == 0 and eng.stats["nak_rx"] == 0
+    ack(10, wire.ACK_SYNDROME)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and not comp.done:
+        time.sleep(0.01)
+    assert comp.done
+    ack(10, wire.ACK_SYNDROME)  # a repeat of the newest ACKed: taken, changes nothing
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and eng.stats["acks_rx"] < 2:
+        time.sleep(0.01)
+    assert eng.stats["acks_rx"] == 2
+    assert eng.drops[DropReason.ACK_PSN_INVALID] == 5 and qp.error is None
+
+
+def test_a_valid_packet_from_another_source_is_wrong_source(engine_and_peer) -> None:
+    """The peer's address with another port, or another address with the peer's port:
+    a WRITE (any path) or a NAK with a correct ICRC for that source is dropped."""
+    eng, peer = engine_and_peer
+    qp = eng.by_peer[1]
+    payload = b"u" * 3000
+    # MIDDLEs of a WRITE the peer began, from elsewhere (runs of them when GRO joins them).
+    peer.sendto(_seg(Opcode.RDMA_WRITE_FIRST, 100, b"f" * 1024, qp.qpn, "127.77.1.2",
+                     "127.77.1.1", reth={"va": qp.ring.va, "rkey": qp.ring.rkey,
+                                         "dlen": 1024 * 5}), eng.addr)
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.bind(("127.77.1.2", 0))
+    for i in range(3):
+        s.sendto(sealed(Opcode.RDMA_WRITE_MIDDLE, 101 + i, qp.qpn, b"m" * 1024, "127.77.1.2",
+                        "127.77.1.1", sport=s.getsockname()[1], ackreq=False), eng.addr)
+    s.close()
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and eng.drops[DropReason.WRONG_SOURCE] < 3:
+        time.sleep(0.01)
+    assert eng.drops[DropReason.WRONG_SOURCE] == 3
+    assert qp.epsn == 101 and qp.w_done == 1024
+    assert qp.ring.buf[:1024].tobytes() == b"f" * 1024 and not qp.ring.buf[1024:].any()
+    qp.ring.buf[:1024] = 0
+    qp.w_off, qp.epsn = -1, 100
+    for ip, port in (("127.77.1.3", wire.ROCEV2_UDP_PORT), ("127.77.1.2", 0)):
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        s.bind((ip, port))
+        f = build_frame(ip={"src": wire.ip_to_int(ip), "dst": wire.ip_to_int("127.77.1.1")},
+                        udp={"sport": s.getsockname()[1]},
+                        bth={"opcode": Opcode.RDMA_WRITE_ONLY_WITH_IMMEDIATE, "dqpn": qp.qpn,
+                             "psn": 100, "ackreq": 1},
+                        reth={"va": qp.ring.va, "rkey": qp.ring.rkey, "dlen": len(payload)},
+                        immdt={"imm": 0x00010002}, payload=payload)
+        s.sendto(f[14 + 28:], eng.addr)
+        s.sendto(wire.ack_datagram(wire.ip_to_int(ip), wire.ip_to_int("127.77.1.1"), qp.qpn,
+                                   10, aeth_syndrome(AethKind.NAK, NakCode.REMOTE_ACCESS_ERROR),
+                                   0, s.getsockname()[1]), eng.addr)
+        s.close()
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and eng.drops[DropReason.WRONG_SOURCE] < 7:
+        time.sleep(0.01)
+    assert eng.drops[DropReason.WRONG_SOURCE] == 7
+    assert qp.epsn == 100 and not qp.ring.buf.any() and qp.error is None

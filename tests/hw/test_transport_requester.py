@@ -100,6 +100,8 @@ def run(descs, peer, *, npsn=0, timeout=400, max_retries=3, cycles=1500, qp0=Fal
         state["retries"] = ctx.get(dut.qp_sts[1].retries.value)
         state["retransmits"] = ctx.get(dut.retransmits)
         state["timeouts"] = ctx.get(dut.timeouts)
+        state["ack_psn_invalid"] = ctx.get(dut.ack_psn_invalid)
+        state["naks_rx"] = ctx.get(dut.naks_rx)
 
     sim = Simulator(dut)
     sim.add_clock(1e-8)
@@ -194,9 +196,38 @@ def test_psn_wrap_and_stale_acks_ignored():
         extra = [ack(0xFFFF00)]  # stale: far behind una, must not complete anything
         return extra + ([ack(h["bth"]["psn"])] if h["bth"]["ackreq"] else [])
 
-    pkts, cmpls, _ = run([desc(4 * MTU)], peer, npsn=0xFFFFFE)
+    pkts, cmpls, st = run([desc(4 * MTU)], peer, npsn=0xFFFFFE)
     assert [h["bth"]["psn"] for h, _ in pkts] == [0xFFFFFE, 0xFFFFFF, 0, 1]
     assert cmpls == [(1, Status.OK)]
+    assert st["ack_psn_invalid"] == 4  # each stale ACK counted
+
+
+def test_naks_and_acks_for_psns_not_outstanding_are_dropped_and_counted():
+    """Issue 34: a NAK (remote access error: would fail the QP; PSN sequence error: would
+    rewind it) or an ACK (would complete what was never sent) naming a PSN outside
+    [una, hi) does nothing but count ACK_PSN_INVALID. A repeat ACK of ``una - 1`` is no
+    drop."""
+    fatal = aeth_syndrome(AethKind.NAK, NakCode.REMOTE_ACCESS_ERROR)
+    seq = aeth_syndrome(AethKind.NAK, NakCode.PSN_SEQUENCE_ERROR)
+    st = {"forged": 0}
+
+    def peer(i, h, p):
+        psn = h["bth"]["psn"]
+        out = []
+        if psn == 0:
+            # Ahead of everything sent (the window is 8 of the message's 24 packets).
+            out = [ack(20, fatal), ack(20), ack(20, seq), ack(psn - 1)]
+            st["forged"] += 3
+        if psn == 5:
+            out = [ack(1, fatal), ack(1, seq)]  # ACKed already (ACK for 1 came before)
+            st["forged"] += 2
+        return out + ([ack(psn)] if h["bth"]["ackreq"] else [])
+
+    pkts, cmpls, state = run([desc(24 * MTU)], peer, cycles=3000)
+    assert cmpls == [(1, Status.OK)] and state["error"] == 0
+    assert [h["bth"]["psn"] for h, _ in pkts] == list(range(24))  # no resend, no skip
+    assert state["ack_psn_invalid"] == st["forged"] == 5
+    assert state["retransmits"] == 0 and state["naks_rx"] == 0
 
 
 def test_retry_limit_is_the_timed_out_qps_own():
