@@ -12,7 +12,6 @@ cannot do raises a typed :mod:`fpgaccl.errors` exception naming the argument.
 from __future__ import annotations
 
 import atexit
-import inspect
 import os
 import queue
 import socket
@@ -29,8 +28,8 @@ from torch.futures import Future
 
 from fpgaccl.errors import InvalidArgumentError, UnsupportedError
 
-from .backends import open_backend
 from .communicator import Communicator, Handle
+from .environment import init, world_from_env
 
 BACKEND_NAME = "fpgaccl"
 _PORT_KEY = "fpgaccl/rendezvous"
@@ -281,20 +280,21 @@ def _open_communicator(store: dist.Store, rank: int, size: int,
                        timeout: timedelta) -> Communicator:
     """Rank 0 picks a free TCP port for fpgaccl's rendezvous and tells the others through
     the c10d store: MASTER_PORT is the store's own (env://, torchrun's agent)."""
-    backend = os.environ.get("FPGACCL_BACKEND") or "software"
-    options: dict[str, Any] = {}
-    if size > 1:
-        if rank == 0:
-            host = os.environ.get("MASTER_ADDR") or _store_host(store) or "127.0.0.1"
-            port = (int(os.environ["FPGACCL_RDZV_PORT"]) if "FPGACCL_RDZV_PORT" in os.environ
-                    else _free_port(host))
-            store.set(_PORT_KEY, f"{host} {_master_port_for(port)}")
-        host, master_port = store.get(_PORT_KEY).decode().split()
-        options = {"master_addr": host, "master_port": int(master_port)}
-    opener, _ = open_backend(backend)
-    if "rendezvous_timeout_s" in inspect.signature(opener).parameters:
-        options["rendezvous_timeout_s"] = min(timeout.total_seconds(), 300.0)
-    return Communicator(rank, size, backend, deadline_s=timeout.total_seconds(), **options)
+    # A world of one takes the port too: local ranks' engine addresses derive from it.
+    if rank == 0:
+        host = os.environ.get("MASTER_ADDR") or _store_host(store) or "127.0.0.1"
+        port = (int(os.environ["FPGACCL_RDZV_PORT"]) if "FPGACCL_RDZV_PORT" in os.environ
+                else _free_port(host))
+        store.set(_PORT_KEY, f"{host} {_master_port_for(port)}")
+    host, master_port = store.get(_PORT_KEY).decode().split()
+    options: dict[str, Any] = {"master_addr": host, "master_port": int(master_port)}
+    if "FPGACCL_DEADLINE_S" not in os.environ:
+        options["deadline_s"] = timeout.total_seconds()
+    if world_from_env() == (rank, size):
+        # The launcher's world: fpgaccl.init() applies its options (backend, pcap,
+        # impairment, MTU, RTO) and the script's own fpgaccl.init() shares this one.
+        return init(**options)
+    return Communicator(rank, size, os.environ.get("FPGACCL_BACKEND") or "software", **options)
 
 
 class ProcessGroupFpgaccl(dist.ProcessGroup):
