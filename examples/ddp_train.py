@@ -11,25 +11,18 @@ the loss of each step. ``--out DIR`` saves each rank's losses and parameters per
 from __future__ import annotations
 
 import argparse
-import os
-from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+from common import save, start
 from torch import nn
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=50)
-    ap.add_argument("--backend", default="fpgaccl")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", help="directory for rank<r>.pt (losses, parameters per step)")
-    args = ap.parse_args()
-    if args.backend == "fpgaccl":
-        import fpgaccl.torch  # noqa: F401  (registers the backend)
-
-    dist.init_process_group(args.backend, timeout=timedelta(seconds=120))
+    args = start(ap)
     rank, world = dist.get_rank(), dist.get_world_size()
 
     torch.manual_seed(args.seed)  # the same model on every rank
@@ -57,9 +50,7 @@ def main() -> None:
             params.append(torch.cat([p.detach().reshape(-1) for p in model.parameters()]))
         if rank == 0:
             print(f"step {step:3d}  loss {losses[-1]:.6f}", flush=True)
-    if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        torch.save({"losses": losses, "params": params}, os.path.join(args.out, f"rank{rank}.pt"))
+    save(args, {"losses": losses, "params": params})
     dist.destroy_process_group()
 
 

@@ -12,11 +12,10 @@ backend: ``--out DIR`` saves them (rank<r>.pt) for comparing.
 from __future__ import annotations
 
 import argparse
-import os
-from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+from common import save, start
 from torch import nn
 
 EXPERTS_PER_RANK = 2
@@ -77,14 +76,9 @@ class MoE(nn.Module):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--backend", default="fpgaccl")
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--dim", type=int, default=16)
-    ap.add_argument("--out", help="directory for rank<r>.pt (output and gradients)")
-    args = ap.parse_args()
-    if args.backend == "fpgaccl":
-        import fpgaccl.torch  # noqa: F401  (registers the backend)
-    dist.init_process_group(args.backend, timeout=timedelta(seconds=120))
+    args = start(ap)
     rank, world = dist.get_rank(), dist.get_world_size()
 
     torch.manual_seed(0)  # the same gate everywhere; experts differ by rank
@@ -101,11 +95,8 @@ def main() -> None:
     if rank == 0:
         print(f"moe: {world} ranks x {EXPERTS_PER_RANK} experts, top-{TOP_K}, "
               f"{args.tokens} tokens a rank; loss {total.item() / world:.6f}")
-    if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        grads = {n: p.grad.clone() for n, p in layer.named_parameters()}
-        torch.save({"y": y.detach(), "x_grad": x.grad, "grads": grads},
-                   os.path.join(args.out, f"rank{rank}.pt"))
+    save(args, {"y": y.detach(), "x_grad": x.grad,
+                "grads": {n: p.grad.clone() for n, p in layer.named_parameters()}})
     dist.destroy_process_group()
 
 

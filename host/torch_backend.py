@@ -492,23 +492,29 @@ class ProcessGroupFpgaccl(dist.ProcessGroup):
 
         return self._post([h], finish)
 
+    # gather and scatter: alltoallv with counts only to (or from) the root, numbered like
+    # every collective, so they cannot be matched with a user's send/recv.
+    def _root_side(self, root: int, lists: list[list[torch.Tensor]], argument: str,
+                   like: torch.Tensor) -> tuple[list[torch.Tensor], list[int]]:
+        """The root's world_size tensors shaped like ``like`` and the counts from (or to)
+        every rank; none elsewhere."""
+        if self.rank() != root:
+            return [], [0] * self.size()
+        tensors = _one(lists, argument)
+        self._check_list(tensors, argument, like)
+        return tensors, [like.numel()] * self.size()
+
+    def _only(self, root: int, n: int) -> list[int]:
+        return [n if j == root else 0 for j in range(self.size())]
+
     def gather(self, output_tensors: list[list[torch.Tensor]],
                input_tensors: list[torch.Tensor], opts: Any = None) -> FpgacclWork:
-        # alltoallv with counts only to (and at) the root: numbered like every collective,
-        # so it cannot be matched with a user's send/recv.
-        opts = opts or dist.GatherOptions()
-        root, p, me = opts.rootRank, self.size(), self.rank()
+        root = (opts or dist.GatherOptions()).rootRank
         i = _Arg(_one(input_tensors, "input_tensors"), "tensor", out=False)
-        n = i.tensor.numel()
-        if me == root:
-            outs = _one(output_tensors, "gather_list")
-            self._check_list(outs, "gather_list", i.tensor)
-            flat = torch.empty(p * n, dtype=i.tensor.dtype)
-            rc = [n] * p
-        else:
-            outs, flat, rc = [], torch.empty(0, dtype=i.tensor.dtype), [0] * p
-        sc = [n if j == root else 0 for j in range(p)]
-        h = self.comm.alltoallv(i.array, sc, as_array(flat, "gather_list"), rc, async_op=True)
+        outs, rc = self._root_side(root, output_tensors, "gather_list", i.tensor)
+        flat = torch.empty(sum(rc), dtype=i.tensor.dtype)
+        h = self.comm.alltoallv(i.array, self._only(root, i.tensor.numel()),
+                                as_array(flat, "gather_list"), rc, async_op=True)
 
         def finish() -> list[list[torch.Tensor]]:
             _unpack(flat, outs)
@@ -518,19 +524,12 @@ class ProcessGroupFpgaccl(dist.ProcessGroup):
 
     def scatter(self, output_tensors: list[torch.Tensor],
                 input_tensors: list[list[torch.Tensor]], opts: Any = None) -> FpgacclWork:
-        opts = opts or dist.ScatterOptions()
-        root, p, me = opts.rootRank, self.size(), self.rank()
+        root = (opts or dist.ScatterOptions()).rootRank
         o = _Arg(_one(output_tensors, "output_tensors"), "tensor", out=True)
-        n = o.tensor.numel()
-        if me == root:
-            ins = _one(input_tensors, "scatter_list")
-            self._check_list(ins, "scatter_list", o.tensor)
-            flat = _flat_cat(ins, "scatter_list")
-            sc = [n] * p
-        else:
-            flat, sc = torch.empty(0, dtype=o.tensor.dtype), [0] * p
-        rc = [n if j == root else 0 for j in range(p)]
-        h = self.comm.alltoallv(as_array(flat, "scatter_list"), sc, o.array, rc, async_op=True)
+        ins, sc = self._root_side(root, input_tensors, "scatter_list", o.tensor)
+        flat = _flat_cat(ins, "scatter_list") if ins else o.tensor.new_empty(0)
+        h = self.comm.alltoallv(as_array(flat, "scatter_list"), sc, o.array,
+                                self._only(root, o.tensor.numel()), async_op=True)
 
         def finish() -> list[torch.Tensor]:
             o.finish()
