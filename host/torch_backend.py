@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 from torch.futures import Future
 
-from fpgaccl.errors import InvalidArgumentError, UnsupportedError
+from fpgaccl.errors import CollectiveTimeoutError, InvalidArgumentError, UnsupportedError
 
 from .communicator import Communicator, Handle
 from .environment import init, world_from_env
@@ -148,12 +148,20 @@ def _unpack(flat: torch.Tensor, tensors: Sequence[torch.Tensor]) -> None:
 class FpgacclWork(dist._Work):
     """One posted call; its future is resolved by the completion thread."""
 
-    def __init__(self, future: Future) -> None:
+    def __init__(self, future: Future, done: threading.Event, name: str, rank: int) -> None:
         super().__init__()
         self._future = future
+        self._done = done
+        self._name = name
+        self._rank = rank
 
     def wait(self, timeout: timedelta | None = None) -> bool:
-        # Raises the call's error; the engine's own deadline bounds the wait.
+        """Raises the call's error. Without a timeout (torch passes zero for none) the
+        engine's own deadline bounds the wait."""
+        limit = timeout.total_seconds() if timeout is not None else 0.0
+        if limit > 0 and not self._done.wait(limit):
+            raise CollectiveTimeoutError(self._name, self._rank, limit, "still running at "
+                                         "wait(timeout)")
         self._future.wait()
         return True
 
@@ -185,17 +193,19 @@ class _Completer:
         self._thread = threading.Thread(target=self._run, name="fpgaccl-torch", daemon=True)
         self._thread.start()
 
-    def post(self, handles: Sequence[Handle], finish: Callable[[], Any]) -> FpgacclWork:
+    def post(self, handles: Sequence[Handle], finish: Callable[[], Any], name: str,
+             rank: int) -> FpgacclWork:
         future: Future = Future()
-        self._queue.put((handles, finish, future))
-        return FpgacclWork(future)
+        done = threading.Event()
+        self._queue.put((handles, finish, future, done))
+        return FpgacclWork(future, done, name, rank)
 
     def _run(self) -> None:
         while True:
             item = self._queue.get()
             if item is None:
                 return
-            handles, finish, future = item
+            handles, finish, future, done = item
             try:
                 for h in handles:
                     h.wait()
@@ -204,6 +214,7 @@ class _Completer:
                 future.set_exception(e)
             else:
                 future.set_result(result)
+            done.set()
 
     def stop(self) -> None:
         self._queue.put(None)
@@ -313,8 +324,9 @@ class ProcessGroupFpgaccl(dist.ProcessGroup):
         return f"ProcessGroupFpgaccl(rank={self.rank()}, size={self.size()})"
 
     # ------------------------------------------------------------------ plumbing
-    def _post(self, handles: Sequence[Handle], finish: Callable[[], Any]) -> FpgacclWork:
-        return self._completer.post(handles, finish)
+    def _post(self, handles: Sequence[Handle], finish: Callable[[], Any],
+              call: str) -> FpgacclWork:
+        return self._completer.post(handles, finish, call, self.rank())
 
     def _reduced(self, t: torch.Tensor, avg: bool) -> None:
         if avg:
@@ -332,7 +344,7 @@ class ProcessGroupFpgaccl(dist.ProcessGroup):
             self._reduced(a.tensor, _is_avg(opts))
             return tensors
 
-        return self._post([h], finish)
+        return self._post([h], finish, "allreduce")
 
     def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> FpgacclWork:
         opts = opts or dist.BroadcastOptions()
@@ -343,7 +355,7 @@ class ProcessGroupFpgaccl(dist.ProcessGroup):
             a.finish()
             return tensors
 
-        return self._post([h], finish)
+        return self._post([h], finish, "broadcast")
 
     def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> FpgacclWork:
         opts = opts or dist.ReduceOptions()
@@ -358,7 +370,7 @@ class ProcessGroupFpgaccl(dist.ProcessGroup):
                 self._reduced(a.tensor, _is_avg(opts))
             return tensors
 
-        return self._post([h], finish)
+        return self._post([h], finish, "reduce")
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor,
                           opts: Any = None) -> FpgacclWork:
@@ -370,7 +382,7 @@ class ProcessGroupFpgaccl(dist.ProcessGroup):
             o.finish()
             return [output]
 
-        return self._post([h], finish)
+        return self._post([h], finish, "all_gather_single")
 
     _allgather_base = all_gather_single
 
@@ -386,7 +398,7 @@ class ProcessGroupFpgaccl(dist.ProcessGroup):
             _unpack(flat, outs)
             return output_tensors
 
-        return self._post([h], finish)
+        return self._post([h], finish, "allgather")
 
     def _check_list(self, tensors: Sequence[torch.Tensor], argument: str,
                     like: torch.Tensor) -> None:
@@ -412,7 +424,7 @@ class ProcessGroupFpgaccl(dist.ProcessGroup):
             self._reduced(output, _is_avg(opts))
             return [output]
 
-        return self._post([h], finish)
+        return self._post([h], finish, "reduce_scatter_single")
 
     _reduce_scatter_base = reduce_scatter_single
 
@@ -432,7 +444,7 @@ class ProcessGroupFpgaccl(dist.ProcessGroup):
             self._reduced(o.tensor, _is_avg(opts))
             return output_tensors
 
-        return self._post([h], finish)
+        return self._post([h], finish, "reduce_scatter")
 
     def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor,
                           output_split_sizes: list[int], input_split_sizes: list[int],
@@ -450,7 +462,7 @@ class ProcessGroupFpgaccl(dist.ProcessGroup):
             o.finish()
             return [output]
 
-        return self._post([h], finish)
+        return self._post([h], finish, "all_to_all_single")
 
     alltoall_base = all_to_all_single
 
@@ -490,7 +502,7 @@ class ProcessGroupFpgaccl(dist.ProcessGroup):
             _unpack(flat_out, output_tensors)
             return output_tensors
 
-        return self._post([h], finish)
+        return self._post([h], finish, "alltoall")
 
     # gather and scatter: alltoallv with counts only to (or from) the root, numbered like
     # every collective, so they cannot be matched with a user's send/recv.
@@ -520,7 +532,7 @@ class ProcessGroupFpgaccl(dist.ProcessGroup):
             _unpack(flat, outs)
             return output_tensors
 
-        return self._post([h], finish)
+        return self._post([h], finish, "gather")
 
     def scatter(self, output_tensors: list[torch.Tensor],
                 input_tensors: list[list[torch.Tensor]], opts: Any = None) -> FpgacclWork:
@@ -535,16 +547,17 @@ class ProcessGroupFpgaccl(dist.ProcessGroup):
             o.finish()
             return output_tensors
 
-        return self._post([h], finish)
+        return self._post([h], finish, "scatter")
 
     def barrier(self, opts: Any = None) -> FpgacclWork:
-        return self._post([self.comm.barrier(async_op=True)], lambda: None)
+        return self._post([self.comm.barrier(async_op=True)], lambda: None, "barrier")
 
     # ------------------------------------------------------------------ point to point
     def send(self, tensors: list[torch.Tensor], dstRank: int, tag: int = 0) -> FpgacclWork:
         self._no_tag(tag, "send")
         a = _Arg(_one(tensors, "tensor"), "tensor", out=False)
-        return self._post([self.comm.send(a.array, dstRank, async_op=True)], lambda: tensors)
+        h = self.comm.send(a.array, dstRank, async_op=True)
+        return self._post([h], lambda: tensors, "send")
 
     def recv(self, tensors: list[torch.Tensor], srcRank: int, tag: int = 0) -> FpgacclWork:
         self._no_tag(tag, "recv")
@@ -555,7 +568,7 @@ class ProcessGroupFpgaccl(dist.ProcessGroup):
             a.finish()
             return tensors
 
-        return self._post([h], finish)
+        return self._post([h], finish, "recv")
 
     @staticmethod
     def _no_tag(tag: int, call: str) -> None:

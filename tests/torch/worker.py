@@ -136,6 +136,7 @@ def collectives(rank: int, p: int) -> dict[str, Any]:
     out["post_s"] = time.monotonic() - t0
     out["done_at_post"] = w.is_completed()
     chained = w.get_future().then(lambda f: f.value()[0].sum().item())
+    out["wait_timeout"] = _error(lambda: w.wait(timedelta(milliseconds=50)))
     w.wait()
     out["wait_s"] = time.monotonic() - t0
     out["chained"] = chained.wait()
