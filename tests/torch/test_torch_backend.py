@@ -285,3 +285,20 @@ def test_ddp_parameters_bit_identical(tmp_path: Path) -> None:
         for r in range(1, p):
             assert same_bits(steps[r][s], steps[0][s]), f"step {s}: rank {r} differs"
     assert not torch.equal(steps[0][0], steps[0][2])  # training moved them
+
+
+def test_world_of_one_in_process_and_again() -> None:
+    """No TCPStore (a HashStore) and no MASTER_ADDR; destroy_process_group closes the
+    communicator, so the process can join a new world."""
+    import fpgaccl.torch  # noqa: F401
+
+    for _ in range(2):
+        dist.init_process_group("fpgaccl", store=dist.HashStore(), rank=0, world_size=1)
+        try:
+            t = torch.arange(5, dtype=torch.int32)
+            dist.all_reduce(t, op=dist.ReduceOp.AVG)
+            assert torch.equal(t, torch.arange(5, dtype=torch.int32))
+            assert torch_backend._Shared.comm is not None
+        finally:
+            dist.destroy_process_group()
+        assert torch_backend._Shared.comm is None
