@@ -4,7 +4,10 @@
     import fpgaccl.torch  # noqa: F401
     dist.init_process_group("fpgaccl")
 
-The process group lives in :mod:`fpgaccl.host.torch_backend`.
+The process group lives in :mod:`fpgaccl.host.torch_backend`. There is no
+``torch.backends`` entry point: torch runs those (meant for device extensions) inside every
+``import torch``, which would load fpgaccl into every torch process and turn any failure
+of ours into a failing ``import torch``.
 """
 
 from __future__ import annotations
