@@ -141,7 +141,7 @@ def test_async_work_and_futures(world) -> None:
         assert res[r]["chained"] == 4.0 * p
     for r in range(p - 1):  # the last rank posted 1 s late
         assert not res[r]["done_at_post"]
-        assert res[r]["wait_s"] > 0.8
+        assert res[r]["wait_s"] > 0.5  # ~1 s less the ranks' skew on a loaded machine
         assert res[r]["wait_timeout"][0] == "CollectiveTimeoutError", res[r]["wait_timeout"]
 
 
