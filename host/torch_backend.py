@@ -1,0 +1,629 @@
+"""fpgaccl as a ``torch.distributed`` backend: a Python ``ProcessGroup`` over one
+:class:`~fpgaccl.host.communicator.Communicator` per process.
+
+Every call is posted to the Communicator with ``async_op=True`` and returns at once with a
+:class:`FpgacclWork` whose future one completion thread resolves, in posting order, when
+the engine is done (the thread sleeps in a queue while nothing is in flight). Contiguous
+CPU tensors are handed to the engine as numpy views of their own memory; non-contiguous
+ones go through a contiguous copy that is copied back, as Gloo does. What the engine
+cannot do raises a typed :mod:`fpgaccl.errors` exception naming the argument.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import queue
+import socket
+import threading
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.futures import Future
+
+from fpgaccl.errors import CollectiveTimeoutError, InvalidArgumentError, UnsupportedError
+
+from .communicator import Communicator, Handle
+from .environment import init, world_from_env
+
+BACKEND_NAME = "fpgaccl"
+_PORT_KEY = "fpgaccl/rendezvous"
+
+# torch dtype -> (the dtype numpy views it as, the dtype the engine reduces it as).
+# numpy has no bfloat16: such tensors are viewed as int16 and then as ml_dtypes' bfloat16.
+_DTYPES: dict[torch.dtype, tuple[torch.dtype, np.dtype]] = {
+    torch.float32: (torch.float32, np.dtype(np.float32)),
+    torch.float64: (torch.float64, np.dtype(np.float64)),
+    torch.float16: (torch.float16, np.dtype(np.float16)),
+    torch.bfloat16: (torch.int16, np.dtype(ml_dtypes.bfloat16)),
+    torch.int8: (torch.int8, np.dtype(np.int8)),
+    torch.int16: (torch.int16, np.dtype(np.int16)),
+    torch.int32: (torch.int32, np.dtype(np.int32)),
+    torch.int64: (torch.int64, np.dtype(np.int64)),
+    torch.uint8: (torch.uint8, np.dtype(np.uint8)),
+}
+
+_OPS = {
+    dist.ReduceOp.SUM: "sum", dist.ReduceOp.PRODUCT: "prod", dist.ReduceOp.MIN: "min",
+    dist.ReduceOp.MAX: "max", dist.ReduceOp.BAND: "band", dist.ReduceOp.BOR: "bor",
+    dist.ReduceOp.BXOR: "bxor", dist.ReduceOp.AVG: "sum",
+}
+
+
+def as_array(t: torch.Tensor, argument: str) -> np.ndarray:
+    """A flat numpy view of contiguous CPU tensor ``t``'s own memory (no copy)."""
+    check_tensor(t, argument)
+    if not t.is_contiguous():
+        raise InvalidArgumentError(argument, "tensor is not contiguous")
+    view_as, np_dtype = _DTYPES[t.dtype]
+    flat = t.detach().reshape(-1)
+    arr = flat.view(view_as).numpy()
+    return arr if arr.dtype == np_dtype else arr.view(np_dtype)
+
+
+def check_tensor(t: Any, argument: str) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise InvalidArgumentError(argument, f"expected a torch.Tensor, not {type(t).__name__}")
+    if t.device.type != "cpu":
+        raise UnsupportedError(argument, f"{t.device.type} tensor: the fpgaccl backend takes "
+                               "CPU tensors (device memory goes through the board backend's "
+                               "GPU-peer window, not through torch yet)")
+    if t.layout != torch.strided:
+        raise UnsupportedError(argument, f"{t.layout} tensors are not supported")
+    if t.dtype not in _DTYPES:
+        names = ", ".join(str(d).removeprefix("torch.") for d in _DTYPES)
+        raise UnsupportedError(argument, f"dtype {t.dtype} is not one of {names}")
+
+
+class _Arg:
+    """A tensor argument as the engine sees it: the tensor's own memory when contiguous,
+    else a contiguous copy, copied back by :meth:`finish` where the call writes it."""
+
+    def __init__(self, t: torch.Tensor, argument: str, *, out: bool) -> None:
+        check_tensor(t, argument)
+        self.tensor = t
+        self.work = t if t.is_contiguous() else t.contiguous()
+        self.array = as_array(self.work, argument)
+        self._copy_back = out and self.work is not t
+
+    def finish(self) -> None:
+        if self._copy_back:
+            with torch.no_grad():
+                self.tensor.copy_(self.work)
+
+
+def _one(tensors: Sequence[torch.Tensor], argument: str) -> torch.Tensor:
+    if len(tensors) != 1:
+        raise UnsupportedError(argument, f"{len(tensors)} tensors: one tensor per process "
+                               "(the multi-device list form is not supported)")
+    return tensors[0]
+
+
+def _op(opts: Any, call: str) -> str:
+    op = opts.reduceOp
+    for known, name in _OPS.items():
+        if op == known:
+            return name
+    raise UnsupportedError("op", f"{call}: ReduceOp {op.op if hasattr(op, 'op') else op} is "
+                           "not supported (sum, product, min, max, avg, band, bor, bxor are)")
+
+
+def _is_avg(opts: Any) -> bool:
+    return opts.reduceOp == dist.ReduceOp.AVG
+
+
+def divide(t: torch.Tensor, n: int) -> None:
+    """AVG: the engine's sum divided by the world size, once, in the tensor's dtype
+    (floats round to nearest; integers truncate toward zero, as NCCL's avg does)."""
+    with torch.no_grad():
+        if t.is_floating_point():
+            t.div_(n)
+        else:
+            t.div_(n, rounding_mode="trunc")
+
+
+def _flat_cat(tensors: Sequence[torch.Tensor], argument: str) -> torch.Tensor:
+    """The tensors packed end to end in one contiguous buffer (a copy)."""
+    for i, t in enumerate(tensors):
+        check_tensor(t, f"{argument}[{i}]")
+    if len({t.dtype for t in tensors}) > 1:
+        raise InvalidArgumentError(argument, "tensors of different dtypes")
+    return torch.cat([t.detach().reshape(-1) for t in tensors])
+
+
+def _unpack(flat: torch.Tensor, tensors: Sequence[torch.Tensor]) -> None:
+    with torch.no_grad():
+        at = 0
+        for t in tensors:
+            n = t.numel()
+            t.copy_(flat[at:at + n].view(t.shape))
+            at += n
+
+
+class FpgacclWork(dist._Work):
+    """One posted call; its future is resolved by the completion thread."""
+
+    def __init__(self, future: Future, done: threading.Event, name: str, rank: int) -> None:
+        super().__init__()
+        self._future = future
+        self._done = done
+        self._name = name
+        self._rank = rank
+
+    def wait(self, timeout: timedelta | None = None) -> bool:
+        """Raises the call's error. Without a timeout (torch passes zero for none) the
+        engine's own deadline bounds the wait."""
+        limit = timeout.total_seconds() if timeout is not None else 0.0
+        if limit > 0 and not self._done.wait(limit):
+            raise CollectiveTimeoutError(self._name, self._rank, limit, "still running at "
+                                         "wait(timeout)")
+        self._future.wait()
+        return True
+
+    def is_completed(self) -> bool:
+        return self._future.done()
+
+    def is_success(self) -> bool:
+        return self._future.done() and self.exception() is None
+
+    def exception(self) -> BaseException | None:
+        if not self._future.done():
+            return None
+        try:
+            self._future.value()
+        except Exception as e:
+            return e
+        return None
+
+    def get_future(self) -> Future:
+        return self._future
+
+
+class _Completer:
+    """The thread that waits on the Communicator's handles in posting order and resolves
+    each call's future: blocked on its queue, it costs nothing while idle."""
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="fpgaccl-torch", daemon=True)
+        self._thread.start()
+
+    def post(self, handles: Sequence[Handle], finish: Callable[[], Any], name: str,
+             rank: int) -> FpgacclWork:
+        future: Future = Future()
+        done = threading.Event()
+        self._queue.put((handles, finish, future, done))
+        return FpgacclWork(future, done, name, rank)
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            handles, finish, future, done = item
+            try:
+                for h in handles:
+                    h.wait()
+                result = finish()
+            except Exception as e:
+                future.set_exception(e)
+            else:
+                future.set_result(result)
+            done.set()
+
+    def stop(self) -> None:
+        self._queue.put(None)
+        self._thread.join()
+
+
+class _Shared:
+    """This process's one Communicator (each engine owns UDP 4791 on its rank's address,
+    so a process has one) and the completion thread, shared by its whole-world groups."""
+
+    comm: Communicator | None = None
+    completer: _Completer | None = None
+    users = 0
+    lock = threading.Lock()
+
+    @classmethod
+    def acquire(cls, store: dist.Store, rank: int, size: int,
+                timeout: timedelta) -> tuple[Communicator, _Completer]:
+        with cls.lock:
+            if cls.comm is None:
+                cls.comm = _open_communicator(store, rank, size, timeout)
+                cls.completer = _Completer()
+                atexit.register(cls.close)
+            elif (cls.comm.rank, cls.comm.world_size) != (rank, size):
+                raise UnsupportedError("ranks", f"a group of {size} ranks in which this process is "
+                                       f"rank {rank}, but its communicator is rank "
+                                       f"{cls.comm.rank} of {cls.comm.world_size}: the fpgaccl "
+                                       "backend has no sub-communicators yet")
+            cls.users += 1
+            assert cls.completer is not None
+            return cls.comm, cls.completer
+
+    @classmethod
+    def release(cls) -> None:
+        with cls.lock:
+            cls.users -= 1
+            if cls.users <= 0:
+                cls._close_locked()
+
+    @classmethod
+    def close(cls) -> None:
+        with cls.lock:
+            cls._close_locked()
+
+    @classmethod
+    def _close_locked(cls) -> None:
+        if cls.completer is not None:
+            cls.completer.stop()
+        if cls.comm is not None:
+            cls.comm.close()
+        cls.comm, cls.completer, cls.users = None, None, 0
+
+
+def _store_host(store: dist.Store) -> str | None:
+    """The host of the TCPStore under ``store`` (through PrefixStores), if any."""
+    while isinstance(store, dist.PrefixStore):
+        store = store.underlying_store
+    return getattr(store, "host", None) if isinstance(store, dist.TCPStore) else None
+
+
+def _free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((socket.gethostbyname(host), 0))
+        return s.getsockname()[1]
+
+
+def _master_port_for(listen_port: int) -> int:
+    """The ``master_port`` that makes the rendezvous listen on ``listen_port``: under
+    torchrun the runtime listens on master_port + 1 (fpgaccl.host.rendezvous)."""
+    return listen_port - 1 if "TORCHELASTIC_RUN_ID" in os.environ else listen_port
+
+
+def _open_communicator(store: dist.Store, rank: int, size: int,
+                       timeout: timedelta) -> Communicator:
+    """Rank 0 picks a free TCP port for fpgaccl's rendezvous and tells the others through
+    the c10d store: MASTER_PORT is the store's own (env://, torchrun's agent)."""
+    # A world of one takes the port too: local ranks' engine addresses derive from it.
+    if rank == 0:
+        host = os.environ.get("MASTER_ADDR") or _store_host(store) or "127.0.0.1"
+        port = (int(os.environ["FPGACCL_RDZV_PORT"]) if "FPGACCL_RDZV_PORT" in os.environ
+                else _free_port(host))
+        store.set(_PORT_KEY, f"{host} {_master_port_for(port)}")
+    host, master_port = store.get(_PORT_KEY).decode().split()
+    options: dict[str, Any] = {"master_addr": host, "master_port": int(master_port)}
+    if "FPGACCL_DEADLINE_S" not in os.environ:
+        options["deadline_s"] = timeout.total_seconds()
+    if world_from_env() == (rank, size):
+        # The launcher's world: fpgaccl.init() applies its options (backend, pcap,
+        # impairment, MTU, RTO) and the script's own fpgaccl.init() shares this one.
+        return init(**options)
+    return Communicator(rank, size, os.environ.get("FPGACCL_BACKEND") or "software", **options)
+
+
+class ProcessGroupFpgaccl(dist.ProcessGroup):
+    """The ``fpgaccl`` process group: every collective of the whole world, posted
+    asynchronously to the engine."""
+
+    def __init__(self, store: dist.Store, rank: int, size: int, timeout: timedelta) -> None:
+        super().__init__(rank, size)
+        self.comm, self._completer = _Shared.acquire(store, rank, size, timeout)
+        self._open = True
+
+    def getBackendName(self) -> str:
+        return BACKEND_NAME
+
+    def __repr__(self) -> str:
+        return f"ProcessGroupFpgaccl(rank={self.rank()}, size={self.size()})"
+
+    # ------------------------------------------------------------------ plumbing
+    def _post(self, handles: Sequence[Handle], finish: Callable[[], Any],
+              call: str) -> FpgacclWork:
+        return self._completer.post(handles, finish, call, self.rank())
+
+    def _reduced(self, t: torch.Tensor, avg: bool) -> None:
+        if avg:
+            divide(t, self.size())
+
+    # ------------------------------------------------------------------ collectives
+    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> FpgacclWork:
+        opts = opts or dist.AllreduceOptions()
+        op = _op(opts, "allreduce")
+        a = _Arg(_one(tensors, "tensors"), "tensors", out=True)
+        h = self.comm.allreduce(a.array, op=op, async_op=True)
+
+        def finish() -> list[torch.Tensor]:
+            a.finish()
+            self._reduced(a.tensor, _is_avg(opts))
+            return tensors
+
+        return self._post([h], finish, "allreduce")
+
+    def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> FpgacclWork:
+        opts = opts or dist.BroadcastOptions()
+        a = _Arg(_one(tensors, "tensors"), "tensors", out=True)
+        h = self.comm.broadcast(a.array, root=opts.rootRank, async_op=True)
+
+        def finish() -> list[torch.Tensor]:
+            a.finish()
+            return tensors
+
+        return self._post([h], finish, "broadcast")
+
+    def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> FpgacclWork:
+        opts = opts or dist.ReduceOptions()
+        op = _op(opts, "reduce")
+        root = opts.rootRank
+        a = _Arg(_one(tensors, "tensors"), "tensors", out=self.rank() == root)
+        h = self.comm.reduce(a.array, op=op, root=root, async_op=True)
+
+        def finish() -> list[torch.Tensor]:
+            a.finish()
+            if self.rank() == root:
+                self._reduced(a.tensor, _is_avg(opts))
+            return tensors
+
+        return self._post([h], finish, "reduce")
+
+    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor,
+                          opts: Any = None) -> FpgacclWork:
+        o = _Arg(output, "output_tensor", out=True)
+        i = _Arg(input, "input_tensor", out=False)
+        h = self.comm.allgather(i.array, o.array, async_op=True)
+
+        def finish() -> list[torch.Tensor]:
+            o.finish()
+            return [output]
+
+        return self._post([h], finish, "all_gather_single")
+
+    _allgather_base = all_gather_single
+
+    def allgather(self, output_tensors: list[list[torch.Tensor]],
+                  input_tensors: list[torch.Tensor], opts: Any = None) -> FpgacclWork:
+        outs = _one(output_tensors, "output_tensors")
+        i = _Arg(_one(input_tensors, "input_tensors"), "input_tensor", out=False)
+        self._check_list(outs, "tensor_list", i.tensor)
+        flat = torch.empty(self.size() * i.tensor.numel(), dtype=i.tensor.dtype)
+        h = self.comm.allgather(i.array, as_array(flat, "tensor_list"), async_op=True)
+
+        def finish() -> list[list[torch.Tensor]]:
+            _unpack(flat, outs)
+            return output_tensors
+
+        return self._post([h], finish, "allgather")
+
+    def _check_list(self, tensors: Sequence[torch.Tensor], argument: str,
+                    like: torch.Tensor) -> None:
+        if len(tensors) != self.size():
+            raise InvalidArgumentError(argument, f"{len(tensors)} tensors, world_size is "
+                                       f"{self.size()}")
+        for j, t in enumerate(tensors):
+            check_tensor(t, f"{argument}[{j}]")
+            if t.numel() != like.numel() or t.dtype != like.dtype:
+                raise InvalidArgumentError(f"{argument}[{j}]", f"{t.numel()} x {t.dtype}, "
+                                           f"expected {like.numel()} x {like.dtype}")
+
+    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor,
+                              opts: Any = None) -> FpgacclWork:
+        opts = opts or dist.ReduceScatterOptions()
+        op = _op(opts, "reduce_scatter")
+        o = _Arg(output, "output", out=True)
+        i = _Arg(input, "input", out=False)
+        h = self.comm.reduce_scatter(i.array, o.array, op=op, async_op=True)
+
+        def finish() -> list[torch.Tensor]:
+            o.finish()
+            self._reduced(output, _is_avg(opts))
+            return [output]
+
+        return self._post([h], finish, "reduce_scatter_single")
+
+    _reduce_scatter_base = reduce_scatter_single
+
+    def reduce_scatter(self, output_tensors: list[torch.Tensor],
+                       input_tensors: list[list[torch.Tensor]], opts: Any = None) -> FpgacclWork:
+        opts = opts or dist.ReduceScatterOptions()
+        op = _op(opts, "reduce_scatter")
+        o = _Arg(_one(output_tensors, "output"), "output", out=True)
+        ins = _one(input_tensors, "input_list")
+        self._check_list(ins, "input_list", o.tensor)
+        flat = _flat_cat(ins, "input_list")
+        h = self.comm.reduce_scatter(as_array(flat, "input_list"), o.array, op=op,
+                                     async_op=True)
+
+        def finish() -> list[torch.Tensor]:
+            o.finish()
+            self._reduced(o.tensor, _is_avg(opts))
+            return output_tensors
+
+        return self._post([h], finish, "reduce_scatter")
+
+    def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor,
+                          output_split_sizes: list[int], input_split_sizes: list[int],
+                          opts: Any = None) -> FpgacclWork:
+        o = _Arg(output, "output", out=True)
+        i = _Arg(input, "input", out=False)
+        if not output_split_sizes and not input_split_sizes:
+            h = self.comm.alltoall(i.array, o.array, async_op=True)
+        else:
+            sc = self._counts(input, input_split_sizes, "input_split_sizes")
+            rc = self._counts(output, output_split_sizes, "output_split_sizes")
+            h = self.comm.alltoallv(i.array, sc, o.array, rc, async_op=True)
+
+        def finish() -> list[torch.Tensor]:
+            o.finish()
+            return [output]
+
+        return self._post([h], finish, "all_to_all_single")
+
+    alltoall_base = all_to_all_single
+
+    def _counts(self, t: torch.Tensor, splits: Sequence[int], argument: str) -> list[int]:
+        """Element counts per rank from split sizes along dim 0 (even split if none)."""
+        p = self.size()
+        rows = t.shape[0] if t.dim() else 1
+        row = t.numel() // rows if rows else 0
+        if not splits:
+            if rows % p:
+                raise InvalidArgumentError(argument, f"dim 0 ({rows}) is not a multiple of "
+                                           f"world_size {p}: give split sizes")
+            return [rows // p * row] * p
+        if len(splits) != p or sum(splits) != rows:
+            raise InvalidArgumentError(argument, f"{list(splits)} must have {p} entries "
+                                       f"summing to dim 0 ({rows})")
+        return [int(s) * row for s in splits]
+
+    def alltoall(self, output_tensors: list[torch.Tensor], input_tensors: list[torch.Tensor],
+                 opts: Any = None) -> FpgacclWork:
+        p = self.size()
+        for name, ts in (("output_tensor_list", output_tensors),
+                         ("input_tensor_list", input_tensors)):
+            if len(ts) != p:
+                raise InvalidArgumentError(name, f"{len(ts)} tensors, world_size is {p}")
+        flat_in = _flat_cat(input_tensors, "input_tensor_list")
+        flat_out = _flat_cat(output_tensors, "output_tensor_list")
+        if flat_out.dtype != flat_in.dtype:
+            raise InvalidArgumentError("output_tensor_list", f"{flat_out.dtype} differs from "
+                                       f"the inputs' {flat_in.dtype}")
+        h = self.comm.alltoallv(as_array(flat_in, "input_tensor_list"),
+                                [t.numel() for t in input_tensors],
+                                as_array(flat_out, "output_tensor_list"),
+                                [t.numel() for t in output_tensors], async_op=True)
+
+        def finish() -> list[torch.Tensor]:
+            _unpack(flat_out, output_tensors)
+            return output_tensors
+
+        return self._post([h], finish, "alltoall")
+
+    # gather and scatter: alltoallv with counts only to (or from) the root, numbered like
+    # every collective, so they cannot be matched with a user's send/recv.
+    def _root_side(self, root: int, lists: list[list[torch.Tensor]], argument: str,
+                   like: torch.Tensor) -> tuple[list[torch.Tensor], list[int]]:
+        """The root's world_size tensors shaped like ``like`` and the counts from (or to)
+        every rank; none elsewhere."""
+        if self.rank() != root:
+            return [], [0] * self.size()
+        tensors = _one(lists, argument)
+        self._check_list(tensors, argument, like)
+        return tensors, [like.numel()] * self.size()
+
+    def _only(self, root: int, n: int) -> list[int]:
+        return [n if j == root else 0 for j in range(self.size())]
+
+    def gather(self, output_tensors: list[list[torch.Tensor]],
+               input_tensors: list[torch.Tensor], opts: Any = None) -> FpgacclWork:
+        root = (opts or dist.GatherOptions()).rootRank
+        i = _Arg(_one(input_tensors, "input_tensors"), "tensor", out=False)
+        outs, rc = self._root_side(root, output_tensors, "gather_list", i.tensor)
+        flat = torch.empty(sum(rc), dtype=i.tensor.dtype)
+        h = self.comm.alltoallv(i.array, self._only(root, i.tensor.numel()),
+                                as_array(flat, "gather_list"), rc, async_op=True)
+
+        def finish() -> list[list[torch.Tensor]]:
+            _unpack(flat, outs)
+            return output_tensors
+
+        return self._post([h], finish, "gather")
+
+    def scatter(self, output_tensors: list[torch.Tensor],
+                input_tensors: list[list[torch.Tensor]], opts: Any = None) -> FpgacclWork:
+        root = (opts or dist.ScatterOptions()).rootRank
+        o = _Arg(_one(output_tensors, "output_tensors"), "tensor", out=True)
+        ins, sc = self._root_side(root, input_tensors, "scatter_list", o.tensor)
+        flat = _flat_cat(ins, "scatter_list") if ins else o.tensor.new_empty(0)
+        h = self.comm.alltoallv(as_array(flat, "scatter_list"), sc, o.array,
+                                self._only(root, o.tensor.numel()), async_op=True)
+
+        def finish() -> list[torch.Tensor]:
+            o.finish()
+            return output_tensors
+
+        return self._post([h], finish, "scatter")
+
+    def barrier(self, opts: Any = None) -> FpgacclWork:
+        return self._post([self.comm.barrier(async_op=True)], lambda: None, "barrier")
+
+    # ------------------------------------------------------------------ point to point
+    def send(self, tensors: list[torch.Tensor], dstRank: int, tag: int = 0) -> FpgacclWork:
+        self._no_tag(tag, "send")
+        a = _Arg(_one(tensors, "tensor"), "tensor", out=False)
+        h = self.comm.send(a.array, dstRank, async_op=True)
+        return self._post([h], lambda: tensors, "send")
+
+    def recv(self, tensors: list[torch.Tensor], srcRank: int, tag: int = 0) -> FpgacclWork:
+        self._no_tag(tag, "recv")
+        a = _Arg(_one(tensors, "tensor"), "tensor", out=True)
+        h = self.comm.recv(a.array, srcRank, async_op=True)
+
+        def finish() -> list[torch.Tensor]:
+            a.finish()
+            return tensors
+
+        return self._post([h], finish, "recv")
+
+    @staticmethod
+    def _no_tag(tag: int, call: str) -> None:
+        if tag != 0:
+            raise UnsupportedError("tag", f"{call}: tag {tag}: the engine matches messages "
+                                   "by order per peer, without tags")
+
+    def recv_anysource(self, tensors: list[torch.Tensor], tag: int = 0) -> FpgacclWork:
+        raise UnsupportedError("src", "recv from any source (src=None): name the sender")
+
+    # ------------------------------------------------------------------ not supported
+    def _unsupported(self, call: str, argument: str) -> FpgacclWork:
+        raise UnsupportedError(argument, f"{call} is not supported by the fpgaccl backend; "
+                               "issue the calls one by one")
+
+    def allreduce_coalesced(self, tensors: Any, opts: Any = None) -> FpgacclWork:
+        return self._unsupported("allreduce_coalesced", "tensors")
+
+    def allgather_coalesced(self, output_lists: Any, input_list: Any,
+                            opts: Any = None) -> FpgacclWork:
+        return self._unsupported("allgather_coalesced", "input_tensor_list")
+
+    def allgather_into_tensor_coalesced(self, outputs: Any, inputs: Any,
+                                        opts: Any = None) -> FpgacclWork:
+        return self._unsupported("allgather_into_tensor_coalesced", "input_tensors")
+
+    def reduce_scatter_tensor_coalesced(self, outputs: Any, inputs: Any,
+                                        opts: Any = None) -> FpgacclWork:
+        return self._unsupported("reduce_scatter_tensor_coalesced", "input_tensors")
+
+    # ------------------------------------------------------------------ leaving
+    def shutdown(self) -> None:
+        if self._open:
+            self._open = False
+            _Shared.release()
+
+    def abort(self) -> None:
+        self.shutdown()
+
+
+def create_process_group(opts: Any, pg_options: Any = None) -> ProcessGroupFpgaccl:
+    """The creator ``register_backend`` calls (extended API: it names the group's ranks)."""
+    ranks = list(opts.global_ranks_in_group)
+    if ranks and ranks != list(range(opts.group_size)):
+        raise UnsupportedError("ranks", f"new_group(ranks={ranks}): the fpgaccl backend runs "
+                               "whole-world groups only; a subset needs Communicator.split "
+                               "(not there yet)")
+    return ProcessGroupFpgaccl(opts.store, opts.group_rank, opts.group_size, opts.timeout)
+
+
+def register() -> None:
+    """Make ``torch.distributed.init_process_group("fpgaccl")`` open this backend."""
+    if BACKEND_NAME.upper() not in dist.Backend._plugins:
+        dist.Backend.register_backend(BACKEND_NAME, create_process_group, extended_api=True,
+                                      devices=["cpu"])
+
+
+__all__ = ["BACKEND_NAME", "FpgacclWork", "ProcessGroupFpgaccl", "as_array", "register"]
