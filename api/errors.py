@@ -78,3 +78,18 @@ class BackendUnavailableError(FpgacclError):
 
 class ToolchainError(FpgacclError):
     """An external tool (Verilator, yosys, nextpnr, tshark) failed."""
+
+
+class CollectiveMismatchError(InvalidArgumentError):
+    """Ranks called one collective with different arguments (kind, count, dtype, op,
+    root, algorithm, tag or call order). ``field`` is the first that differs, ``ranks``
+    the two ranks that compared, ``values`` what each passed (as text). Every rank of
+    the call raises it, and no user buffer was written."""
+
+    def __init__(self, field: str, ranks: tuple[int, int], values: tuple[str, str]) -> None:
+        self.field = field
+        self.ranks = ranks
+        self.values = values
+        super().__init__(field, f"rank {ranks[0]} {values[0]}, rank {ranks[1]} {values[1]} "
+                         "(every rank must pass the same count and dtype, op, root, "
+                         "algorithm and tag, in the same order)")

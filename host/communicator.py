@@ -33,6 +33,7 @@ from fpgaccl.errors import (
 from fpgaccl.proto import programs as lib
 from fpgaccl.proto.isa import Buf, Instr, checked_program
 from fpgaccl.proto.reduce import DType, ReduceOp
+from fpgaccl.proto.signature import Kind, Signature, program_digest, tag_value
 
 from . import algorithms as alg
 from .backends import Backend, open_backend
@@ -90,6 +91,16 @@ def _library(gen: Any, *args: Any) -> tuple[Instr, ...]:
 # numpy's dtype.name is Python-level and slow (~20 us a call): look each up once.
 _dtype_of = functools.lru_cache(maxsize=64)(DType.from_numpy)
 _op_of = functools.lru_cache(maxsize=64)(ReduceOp.from_name)
+
+
+def _tag(tag: Any) -> int:
+    """The signature's tag: an int of 32 bits or a str (its CRC-32); None: no tag."""
+    if tag is None or isinstance(tag, str):
+        return tag_value(tag)
+    if isinstance(tag, int | np.integer) and not isinstance(tag, bool) and \
+            0 <= tag < 1 << 32:
+        return tag_value(int(tag))
+    raise InvalidArgumentError("tag", f"{tag!r} must be a str or an int in 0..2**32-1")
 
 
 def chain_segments(nbytes: int) -> int:
@@ -171,6 +182,7 @@ class Communicator:
         self.backend = backend
         self.deadline_s = deadline_s
         self._coll = 0
+        self._calls = 0  # the signature's sequence number
         self._p2p_send = [0] * world_size
         self._p2p_recv = [0] * world_size
         self._lock = threading.Lock()
@@ -224,25 +236,33 @@ class Communicator:
         with self._lock:
             c0 = self._coll
             self._coll = (self._coll + nseg) & 0xFFFF
+            self._calls += 1
         return seg, nseg, c0
 
     def _program(self, name: str, program: Sequence[Instr], *, m: int, blocks: int,
                  dt: np.dtype, op: str | None, get_in: Any, put_out: Any, result: Any,
                  keep: list[UserBuffer], async_op: bool, out: np.ndarray | None = None,
-                 check_lengths: bool = True) -> Any:
+                 check_lengths: bool = True, kind: Kind, root: int | None = None,
+                 algo: tuple = (), tag: Any = None) -> Any:
         """Run ``program`` over ``blocks`` blocks of ``m`` elements, in as many segments
         (program runs, one coll_id each) as the collective region needs.
 
         ``get_in(lo, hi)`` gives IN for elements ``[lo, hi)`` of every block;
         ``put_out(out, lo, hi)`` stores the region's OUT after that segment. With
         ``out`` (one block only: the caller's result array), OUT is ``out[lo:hi]``
-        itself, bound over the region's OUT, and nothing is copied out.
+        itself, bound over the region's OUT, and nothing is copied out. ``kind``,
+        ``root``, ``algo`` (the program's rank-independent name and parameters; empty: a
+        user program, not compared) and ``tag`` make the call's signature.
         """
+        tagv = _tag(tag)
         seg, nseg, c0 = self._segments(program, m=m, blocks=blocks, dt=dt)
         segments = [Segment((c0 + 1 + k) & 0xFFFF, k * seg, min(m, (k + 1) * seg),
                             blocks * (min(m, (k + 1) * seg) - k * seg)) for k in range(nseg)]
-        run = ProgramRun(name, program, _dtype_of(dt), dt, _op_of(op) if op else ReduceOp.SUM,
-                         segments, get_in, put_out, out, check_lengths)
+        dtype, rop = _dtype_of(dt), _op_of(op) if op else None
+        sig = Signature(self._calls, kind, m, dtype, rop, root,
+                        program_digest(*algo) if algo else 0, tagv, self.rank)
+        run = ProgramRun(name, program, dtype, dt, rop or ReduceOp.SUM, segments, get_in,
+                         put_out, out, check_lengths, sig)
         return self._handle(self.impl.run(run, self.deadline_s), result, keep, async_op)
 
     def _gather_in(self, full: np.ndarray, m: int, blocks: int, whole: bool) -> Any:
@@ -277,6 +297,7 @@ class Communicator:
         """The coll_id of a call that runs one program or schedule, not segments."""
         with self._lock:
             self._coll = (self._coll + 1) & 0xFFFF
+            self._calls += 1
             return self._coll
 
     def _check_open(self) -> None:
@@ -316,7 +337,7 @@ class Communicator:
 
     # ------------------------------------------------------------------ collectives
     def allreduce(self, sendbuf: Any, recvbuf: Any = None, op: str = "sum", *,
-                  algo: str | None = None, async_op: bool = False) -> Any:
+                  algo: str | None = None, async_op: bool = False, tag: Any = None) -> Any:
         """Reduce across ranks; every rank receives identical bytes."""
         s, r, inplace = self._pair(sendbuf, recvbuf)
         if r.array.size != s.array.size:
@@ -346,10 +367,11 @@ class Communicator:
         return self._program("allreduce", prog, m=sa.size, blocks=1, dt=sa.dtype, op=op,
                              get_in=lambda lo, hi: sa[lo:hi], put_out=put_out, result=result,
                              keep=[s, r], async_op=async_op,
-                             out=work if nbytes > BIND_MIN_BYTES else None)
+                             out=work if nbytes > BIND_MIN_BYTES else None,
+                             kind=Kind.ALLREDUCE, algo=("allreduce", algo), tag=tag)
 
     def reduce(self, sendbuf: Any, recvbuf: Any = None, op: str = "sum", root: int = 0, *,
-               algo: str | None = None, async_op: bool = False) -> Any:
+               algo: str | None = None, async_op: bool = False, tag: Any = None) -> Any:
         """Reduce to ``root``; ``recvbuf`` matters on the root only."""
         root = self._root(root)
         self._check_open()
@@ -379,7 +401,8 @@ class Communicator:
             return self._program("reduce", prog, m=sa.size, blocks=1, dt=sa.dtype, op=op,
                                  get_in=lambda lo, hi: sa[lo:hi], put_out=put_out,
                                  result=result, keep=[s] + ([r] if r else []),
-                                 async_op=async_op)
+                                 async_op=async_op, kind=Kind.REDUCE, root=root,
+                                 algo=("reduce", algo, chain_segments(sa.nbytes)), tag=tag)
         self._need_schedules("algo", "reduce algo='tree'")
 
         def body(ctx: alg.Ctx) -> Program:
@@ -394,7 +417,7 @@ class Communicator:
         return self._schedule("reduce", body, result, [s] + ([r] if r else []), async_op)
 
     def broadcast(self, buf: Any, root: int = 0, *, algo: str | None = None,
-                  async_op: bool = False) -> Any:
+                  async_op: bool = False, tag: Any = None) -> Any:
         root = self._root(root)
         self._check_open()
         b = as_buffer(buf, "buf", writable=self.rank != root)
@@ -411,7 +434,10 @@ class Communicator:
 
             return self._program("broadcast", prog, m=work.size, blocks=1, dt=work.dtype,
                                  op=None, get_in=lambda lo, hi: work[lo:hi], put_out=put_out,
-                                 result=self._out(b, buf), keep=[b], async_op=async_op)
+                                 result=self._out(b, buf), keep=[b], async_op=async_op,
+                                 kind=Kind.BROADCAST, root=root,
+                                 algo=("broadcast", algo, chain_segments(work.nbytes)),
+                                 tag=tag)
         self._need_schedules("algo", "broadcast algo='tree'")
 
         def body(ctx: alg.Ctx) -> Program:
@@ -420,7 +446,8 @@ class Communicator:
         return self._schedule("broadcast", body, self._out(b, buf), [b], async_op)
 
     def reduce_scatter(self, sendbuf: Any, recvbuf: Any = None, op: str = "sum", *,
-                       algo: str | None = None, async_op: bool = False) -> Any:
+                       algo: str | None = None, async_op: bool = False,
+                       tag: Any = None) -> Any:
         """``sendbuf`` holds world_size*n elements; rank r gets chunk r reduced.
 
         In place (``recvbuf`` None) the result lands in chunk r of ``sendbuf``.
@@ -456,10 +483,12 @@ class Communicator:
         result = self._out(r, recvbuf) if recvbuf is not None else out
         return self._program("reduce_scatter", _library(lib.ring_reduce_scatter, me, p), m=n,
                              blocks=p, dt=sa.dtype, op=op, get_in=self._gather_in(sa, n, p, True),
-                             put_out=put_out, result=result, keep=[s, r], async_op=async_op)
+                             put_out=put_out, result=result, keep=[s, r], async_op=async_op,
+                             kind=Kind.REDUCE_SCATTER, algo=("reduce_scatter", "ring"),
+                             tag=tag)
 
     def allgather(self, sendbuf: Any, recvbuf: Any = None, *, algo: str | None = None,
-                  async_op: bool = False) -> Any:
+                  async_op: bool = False, tag: Any = None) -> Any:
         """Concatenate every rank's ``sendbuf``. In place: ``sendbuf`` is the full
         world_size*n buffer with this rank's part already at chunk r."""
         self._check_open()
@@ -501,10 +530,11 @@ class Communicator:
                              dt=out.dtype, op=None, get_in=get_in,
                              put_out=self._scatter_out(out, n, p),
                              result=self._out(r, recvbuf if recvbuf is not None else sendbuf),
-                             keep=[s, r], async_op=async_op)
+                             keep=[s, r], async_op=async_op, kind=Kind.ALLGATHER,
+                             algo=("allgather", "ring"), tag=tag)
 
     def alltoall(self, sendbuf: Any, recvbuf: Any = None, *, algo: str | None = None,
-                 async_op: bool = False) -> Any:
+                 async_op: bool = False, tag: Any = None) -> Any:
         """Block j of ``sendbuf`` goes to rank j; block i of the result came from rank i."""
         self._check_open()
         p = self.world_size
@@ -529,7 +559,8 @@ class Communicator:
                              dt=sa.dtype, op=None, get_in=self._gather_in(sa, n, p, True),
                              put_out=self._scatter_out(r.array, n, p),
                              result=self._out(r, recvbuf if recvbuf is not None else sendbuf),
-                             keep=[s, r], async_op=async_op)
+                             keep=[s, r], async_op=async_op, kind=Kind.ALLTOALL,
+                             algo=("alltoall", "direct"), tag=tag)
 
     def alltoallv(self, sendbuf: Any, sendcounts: Sequence[int], recvbuf: Any,
                   recvcounts: Sequence[int], sdispls: Sequence[int] | None = None,
@@ -594,7 +625,7 @@ class Communicator:
         return self._schedule(name, body, self._out(r, result_of), [s, r], async_op)
 
     def run_program(self, program: Sequence[Instr], sendbuf: Any, op: str = "sum", *,
-                    async_op: bool = False) -> Any:
+                    async_op: bool = False, tag: Any = None) -> Any:
         """Run one rank's sequencer ``program`` (e.g. from :data:`fpgaccl.proto.programs.
         LIBRARY`, or a new one) over ``sendbuf`` as IN; returns a copy of OUT.
 
@@ -627,7 +658,8 @@ class Communicator:
         # message lengths are checked for the library's collectives alone.
         return self._program("program", program, m=sa.size, blocks=1, dt=sa.dtype, op=op,
                              get_in=lambda lo, hi: sa[lo:hi], put_out=put_out, result=out,
-                             keep=[s], async_op=async_op, check_lengths=False)
+                             keep=[s], async_op=async_op, check_lengths=False,
+                             kind=Kind.PROGRAM, tag=tag)
 
     def barrier(self, *, async_op: bool = False) -> Any:
         """Returns once every rank has entered."""

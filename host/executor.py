@@ -72,13 +72,20 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from fpgaccl.errors import CountMismatchError, TransportError
+from fpgaccl.errors import CollectiveMismatchError, CountMismatchError, TransportError
 from fpgaccl.proto.isa import Buf, Instr, SeqOp, chunk_size
 from fpgaccl.proto.reduce import BITWISE_OPS, DType, ReduceOp, nan_fixup, reduce_reference
+from fpgaccl.proto.signature import (
+    RECORD,
+    STEP_MISMATCH,
+    STEP_SIGNATURE,
+    Signature,
+    difference,
+)
 
 from . import wire
 from .fold import Fold
-from .qp import ANY_QP, MemoryRegion, Message
+from .qp import ANY_QP, Completion, MemoryRegion, Message
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -267,6 +274,137 @@ class _Head:
         return bool(self.queue)
 
 
+class _Either:
+    """Waitable: done once ``queue`` is non-empty or a mismatch notice has come."""
+
+    __slots__ = ("check", "queue")
+    error = None
+
+    def __init__(self, queue: deque | None, check: SignatureCheck) -> None:
+        self.queue = queue
+        self.check = check
+
+    @property
+    def done(self) -> bool:
+        return bool(self.queue) or self.check.notice() is not None
+
+
+_PEER_OPS = frozenset({SeqOp.SEND, SeqOp.RECV, SeqOp.RECV_REDUCE, SeqOp.GRANT})
+
+
+class SignatureCheck:
+    """One call's signature exchange (:mod:`fpgaccl.proto.signature`) on the engine
+    thread: this rank's record goes to each software peer of ``software`` its program
+    talks to; :meth:`check` waits for a peer's and compares; a difference goes to every
+    software peer as a notice, and a notice from any fails this rank's call alike."""
+
+    def __init__(self, engine: Engine, mine: Signature, program: Sequence[Instr],
+                 coll_id: int, software: frozenset[int]) -> None:
+        self.engine = engine
+        self.mine = mine
+        self.coll_id = coll_id & 0xFFFF
+        self.software = software
+        self.checked: set[int] = set()
+        self.error: CollectiveMismatchError | None = None
+        _drain_stale(engine, self.coll_id, software)
+        record = memoryview(mine.pack())
+        peers = {i.peer for i in program if i.op in _PEER_OPS}
+        talk = peers & software
+        self.theirs: dict[int, tuple[Completion, np.ndarray]] = {}
+        for p in sorted(talk):
+            buf = np.zeros(RECORD.size, np.uint8)
+            self.theirs[p] = (engine.recv(p, self.coll_id, STEP_SIGNATURE, buf, None,
+                                          "signature"), buf)
+            engine.send(p, self.coll_id, STEP_SIGNATURE, record)
+        self.checked.update(peers - talk)  # HDL peers send no record yet
+        self.notices: dict[int, tuple[Completion, np.ndarray]] = {}
+        for p in sorted(software):
+            buf = np.zeros(2 * RECORD.size, np.uint8)
+            self.notices[p] = (engine.recv(p, self.coll_id, STEP_MISMATCH, buf, None,
+                                           "signature"), buf)
+
+    def notice(self) -> CollectiveMismatchError | None:
+        if self.error is None:
+            for comp, buf in self.notices.values():
+                if comp.done:
+                    a = Signature.unpack(buf[:RECORD.size])
+                    b = Signature.unpack(buf[RECORD.size:])
+                    self.error = _mismatch(a, b)
+                    break
+        return self.error
+
+    def raise_notice(self) -> None:
+        if self.notice() is not None:
+            raise self.error
+
+    def waiting(self, queue: deque | None) -> _Either:
+        return _Either(queue, self)
+
+    def check(self, peer: int) -> Generator[Any, None, None]:
+        """Wait for ``peer``'s record and compare it with this rank's."""
+        comp, buf = self.theirs[peer]
+        while not comp.done and self.notice() is None:
+            yield _SigWait(comp, self)
+        self.raise_notice()
+        theirs = Signature.unpack(buf)
+        self.checked.add(peer)
+        if theirs.digest != self.mine.digest:
+            self.error = _mismatch(theirs, self.mine)
+            note = memoryview(buf.tobytes() + self.mine.pack())
+            for p in sorted(self.software):
+                self.engine.send(p, self.coll_id, STEP_MISMATCH, note)
+            raise self.error
+
+    def close(self) -> None:
+        """Withdraw the receives nothing answered (a notice, usually)."""
+        posted = self.engine.matcher.posted
+        for group in (self.theirs, self.notices):
+            for p, (comp, _) in group.items():
+                if not comp.done:
+                    posted[p][:] = [op for op in posted[p] if op.completion is not comp]
+
+
+class _SigWait:
+    __slots__ = ("check", "comp")
+    error = None
+
+    def __init__(self, comp: Completion, check: SignatureCheck) -> None:
+        self.comp = comp
+        self.check = check
+
+    @property
+    def done(self) -> bool:
+        return self.comp.done or self.check.notice() is not None
+
+
+def _mismatch(a: Signature, b: Signature) -> CollectiveMismatchError:
+    # Ordered by rank, so that every rank raises the same error from the same pair.
+    if a.rank > b.rank:
+        a, b = b, a
+    field, values = difference(a, b) or ("digest", ("?", "?"))
+    return CollectiveMismatchError(field, (a.rank, b.rank), values)
+
+
+def _drain_stale(engine: Engine, coll_id: int, software: frozenset[int]) -> None:
+    """Give back the ring slots of records and notices of calls before ``coll_id`` that
+    no receive took (a peer set that differed, a notice after the call ended)."""
+    for p in software:
+        qp = engine.by_peer.get(p)
+        if qp is None or not qp.arrived:
+            continue
+        keep = []
+        for a in qp.arrived:
+            step = a.step & ~wire.STEP_FINAL
+            if step in (STEP_SIGNATURE, STEP_MISMATCH) and \
+                    0 < (coll_id - a.coll_id) & 0xFFFF < 0x8000:
+                qp.give_back(a.slot)
+            else:
+                keep.append(a)
+        if len(keep) != len(qp.arrived):
+            qp.arrived.clear()
+            qp.arrived.extend(keep)
+
+
 def setup_chunks(program: Sequence[Instr]) -> int:
     """The largest chunk count any SETUP of ``program`` asks for (1 without SETUP)."""
     return _facts(program)[1]
@@ -301,7 +439,8 @@ def _facts(program: Sequence[Instr]) -> tuple[Sequence[Instr], int, bool]:
 def execute(engine: Engine, region: CollectiveRegion, remotes: dict[int, RemoteBuffers],
             program: Sequence[Instr], *, rank: int, coll_id: int, count: int, dtype: DType,
             op: ReduceOp, inbuf: np.ndarray, outbuf: np.ndarray | None = None,
-            check_lengths: bool = False) -> Generator[Any, None, None]:
+            check_lengths: bool = False,
+            signatures: SignatureCheck | None = None) -> Generator[Any, None, None]:
     """Run ``program`` on this rank (a generator for :meth:`Engine.submit`).
 
     ``inbuf``: at least ``count`` elements of the user's input (IN); ``outbuf``: the
@@ -312,12 +451,14 @@ def execute(engine: Engine, region: CollectiveRegion, remotes: dict[int, RemoteB
     RECV_REDUCE that takes it, else CountMismatchError (the ISA itself, like the HDL,
     reads only the tag of a RECV: the library's programs keep their spans exact, so for
     them a different length means a rank called with another count or element size).
+    ``signatures``: the call's :class:`SignatureCheck`; a peer's record is checked before
+    this rank sends to it, takes a message from it or (``outbuf`` bound) grants it.
     """
     region.bind_out(outbuf)
     try:
         yield from _execute(engine, region, remotes, program, rank=rank, coll_id=coll_id,
                             count=count, dtype=dtype, op=op, inbuf=inbuf, outbuf=outbuf,
-                            check_lengths=check_lengths)
+                            check_lengths=check_lengths, sig=signatures)
     finally:
         # Every WRITE to OUT was RECVed before DONE, so none can still be landing.
         region.bind_out(None)
@@ -329,7 +470,7 @@ def execute(engine: Engine, region: CollectiveRegion, remotes: dict[int, RemoteB
 def _execute(engine: Engine, region: CollectiveRegion, remotes: dict[int, RemoteBuffers],
              program: Sequence[Instr], *, rank: int, coll_id: int, count: int, dtype: DType,
              op: ReduceOp, inbuf: np.ndarray, outbuf: np.ndarray | None,
-             check_lengths: bool) -> Generator[Any, None, None]:
+             check_lengths: bool, sig: SignatureCheck | None) -> Generator[Any, None, None]:
     nt = dtype.numpy_dtype()
     isz = nt.itemsize
     coll_id &= 0xFFFF
@@ -375,6 +516,10 @@ def _execute(engine: Engine, region: CollectiveRegion, remotes: dict[int, Remote
             raise ProgramError(f"rank {rank} pc {pc}: no queue pair to rank {ins.peer}")
         remote = remotes[ins.peer]
         xoff = ins.xchunk * cs
+        if sig is not None and ins.peer not in sig.checked and (
+                o is not SeqOp.GRANT or outbuf is not None):
+            # A bound OUT is the caller's buffer: a granted peer may write it at once.
+            yield from sig.check(ins.peer)
         if o is SeqOp.GRANT:
             qp.post_direct(Message(_EMPTY, post_grant(coll_id, True, ins.step), None,
                                    va=remote.bases[ins.buf] + xoff * isz, rkey=remote.rkey))
@@ -382,7 +527,9 @@ def _execute(engine: Engine, region: CollectiveRegion, remotes: dict[int, Remote
         if o is SeqOp.SEND:
             q = qp.grants
             if not q:
-                yield _Head(q)
+                yield _Head(q) if sig is None else sig.waiting(q)
+                if sig is not None:
+                    sig.raise_notice()
             _take(q, coll_id, ins, rank, "grant")
             nbytes = (last - first) * isz
             if (xoff * isz + nbytes > remote.stage_bytes):
@@ -420,7 +567,9 @@ def _execute(engine: Engine, region: CollectiveRegion, remotes: dict[int, Remote
                             _protect(engine, dst)  # written from the first packet on
                         qp.arm_fold(fold)
                 try:
-                    yield _Head(q)
+                    yield _Head(q) if sig is None else sig.waiting(q)
+                    if sig is not None:
+                        sig.raise_notice()
                 finally:
                     if fold is not None:
                         qp.disarm_fold()
@@ -461,4 +610,4 @@ def _take(q: deque, coll_id: int, ins: Instr, rank: int, what: str) -> tuple:
 
 
 __all__ = ["DEFAULT_STAGE_BYTES", "CollectiveRegion", "ProgramError", "RemoteBuffers",
-           "execute", "reduce_into", "setup_chunks", "writes_in"]
+           "SignatureCheck", "execute", "reduce_into", "setup_chunks", "writes_in"]

@@ -19,6 +19,7 @@ import numpy as np
 
 from fpgaccl.proto.isa import Buf, Instr
 from fpgaccl.proto.reduce import DType, ReduceOp
+from fpgaccl.proto.signature import Signature
 
 Program = Generator[Any, None, None]
 """A host schedule: a generator that posts transfers and yields what it waits for."""
@@ -56,6 +57,9 @@ class ProgramRun:
     check_lengths: bool = True
     """Whether every received message must match the span its RECV expects (the
     library's collectives); a user program's spans are its own business."""
+    signature: Signature | None = None
+    """What every rank must agree on (:mod:`fpgaccl.proto.signature`); a backend that
+    can checks its peers' before a byte moves."""
 
 
 class Pending(Protocol):

@@ -22,7 +22,7 @@ from fpgaccl.proto.isa import Buf
 from .. import algorithms as alg
 from .. import wire
 from ..engine import SOCKET_BUFFER_BYTES, SOFTWARE_WINDOW_BYTES, Engine, Job
-from ..executor import DEFAULT_STAGE_BYTES, CollectiveRegion, execute
+from ..executor import DEFAULT_STAGE_BYTES, CollectiveRegion, SignatureCheck, execute
 from ..link import ImpairedLink
 from ..pcap import PcapWriter
 from ..rendezvous import bind_ip as choose_bind_ip
@@ -125,6 +125,9 @@ class SoftwareBackend:
                 f"net.core.rmem_max: `sysctl -w net.core.rmem_max={socket_buffer_bytes}`, or "
                 "CAP_NET_ADMIN, lifts that cap", RuntimeWarning, stacklevel=4)
         self.peers = [(t["ip"], t["port"]) for t in table]
+        # Signatures travel in receive rings: only software peers have them.
+        self.software_peers = frozenset(p for p, t in enumerate(table)
+                                        if p != rank and t.get("backend") == "software")
         self.remotes = {p: CollectiveRegion.remote(table[p]["coll"])
                         for p in range(world_size) if p != rank}
         # Every rank cuts the same segments: from the smallest region of the world.
@@ -143,15 +146,26 @@ class SoftwareBackend:
         engine, region, remotes, rank = self.engine, self.region, self.remotes, self.rank
         bind = run.bind
 
+        software = self.software_peers
+
         def job() -> Program:
-            for s in run.segments:
-                direct = None if bind is None else bind[s.lo:s.hi]
-                yield from execute(engine, region, remotes, run.program, rank=rank,
-                                   coll_id=s.coll_id, count=s.count, dtype=run.dtype,
-                                   op=run.op, inbuf=run.get_in(s.lo, s.hi), outbuf=direct,
-                                   check_lengths=run.check_lengths)
-                if direct is None:
-                    run.put_out(region.view(Buf.OUT, run.np_dtype, s.count), s.lo, s.hi)
+            sig = None
+            if run.signature is not None and software and run.segments:
+                # One record for the whole call: segments after the first agree if it does.
+                sig = SignatureCheck(engine, run.signature, run.program,
+                                     run.segments[0].coll_id, software)
+            try:
+                for s in run.segments:
+                    direct = None if bind is None else bind[s.lo:s.hi]
+                    yield from execute(engine, region, remotes, run.program, rank=rank,
+                                       coll_id=s.coll_id, count=s.count, dtype=run.dtype,
+                                       op=run.op, inbuf=run.get_in(s.lo, s.hi), outbuf=direct,
+                                       check_lengths=run.check_lengths, signatures=sig)
+                    if direct is None:
+                        run.put_out(region.view(Buf.OUT, run.np_dtype, s.count), s.lo, s.hi)
+            finally:
+                if sig is not None:
+                    sig.close()
 
         return engine.submit(run.name, job(), deadline_s)
 

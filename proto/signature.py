@@ -1,0 +1,154 @@
+"""The call signature: what every rank of a collective must agree on, defined once.
+
+A record (:class:`Signature`) holds the per-communicator call sequence number, the
+collective kind, the element count (per block), dtype, op, root, a digest of the
+algorithm (program family and its parameters, the same on every rank) and an optional
+user tag. Its 64-bit ``digest`` covers all of them but the sender's rank: two ranks
+agree on a call iff their digests are equal, a fixed-width compare an HDL node can do at
+line rate. Digest 0 means "no signature" (a peer that does not send one yet: an HDL
+node); a computed 0 becomes 1.
+
+Record on the wire (:data:`RECORD`, 32 bytes, big-endian)::
+
+    bytes  0..7   digest    u64  blake2b-64 of bytes 8..29 with ``rank`` zeroed
+    bytes  8..15  count     u64  elements per block
+    bytes 16..19  tag       u32  user tag (an int, or the CRC-32 of a str); 0: none
+    bytes 20..23  program   u32  CRC-32 of the algorithm name and parameters; 0: none
+    bytes 24..25  seq       u16  per-communicator call number, mod 2^16
+    bytes 26..27  root      u16  root rank; 0xFFFF: none
+    bytes 28..29  rank      u16  the sender (not covered by the digest)
+    byte  30      kind      u8   :class:`Kind`
+    byte  31      dtype<<4 | op  u8   :class:`DType` (4 bits), :class:`ReduceOp` (4 bits, 15: none)
+
+Where it travels (software engine): at the start of a call every rank sends its record
+to each *software* peer its program talks to, as a ring message ``RING_IMM(coll_id,
+final=1, step=STEP_SIGNATURE)`` (``coll_id`` is the call's first segment's). A rank
+checks a peer's record before it sends to that peer, before it takes (reduces or copies)
+a message from it, and -- where peers' WRITEs land straight in the caller's buffer --
+before it grants. A rank that finds a difference sends ``STEP_MISMATCH`` with both
+records (64 bytes: the peer's, then its own) to *every* software peer of the world and
+fails; a rank that receives one fails its call with the same error. Records from HDL
+peers are absent and not checked.
+
+Where it would travel for the HDL: the GRANT is a zero-length RDMA WRITE, whose RETH
+VA (64 bits) the responder need not validate (IBTA: zero DMA length). The granting
+rank puts its digest there (0: none); the data sender compares it with its own before
+it sends a byte and, on a difference, sends ``STEP_MISMATCH`` instead.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+import zlib
+from dataclasses import dataclass, replace
+from enum import IntEnum
+
+from .reduce import DType, ReduceOp
+
+RECORD = struct.Struct(">QQIIHHHBB")
+assert RECORD.size == 32
+NONE_ROOT = 0xFFFF
+NONE_OP = 0xF
+STEP_SIGNATURE = 0x7FFD
+"""RING_IMM step of a signature record (the highest a schedule may not use otherwise)."""
+STEP_MISMATCH = 0x7FFC
+"""RING_IMM step of a mismatch notice: the offending record, then the detector's."""
+
+
+class Kind(IntEnum):
+    ALLREDUCE = 1
+    REDUCE = 2
+    BROADCAST = 3
+    REDUCE_SCATTER = 4
+    ALLGATHER = 5
+    ALLTOALL = 6
+    PROGRAM = 7
+
+
+def program_digest(name: str, *params: object) -> int:
+    """The rank-independent digest of an algorithm: its name and parameters."""
+    return zlib.crc32(repr((name, *params)).encode()) or 1
+
+
+def tag_value(tag: int | str | None) -> int:
+    if tag is None:
+        return 0
+    if isinstance(tag, str):
+        return zlib.crc32(tag.encode()) or 1
+    return int(tag) & 0xFFFFFFFF
+
+
+@dataclass(frozen=True)
+class Signature:
+    seq: int
+    kind: Kind
+    count: int
+    dtype: DType
+    op: ReduceOp | None
+    root: int | None
+    program: int
+    tag: int = 0
+    rank: int = 0
+
+    def pack(self) -> bytes:
+        body = self._body(0)
+        return RECORD.pack(_digest(body), *self._fields(self.rank))
+
+    @property
+    def digest(self) -> int:
+        return _digest(self._body(0))
+
+    def _fields(self, rank: int) -> tuple:
+        return (self.count, self.tag & 0xFFFFFFFF, self.program & 0xFFFFFFFF,
+                self.seq & 0xFFFF, NONE_ROOT if self.root is None else self.root,
+                rank, int(self.kind),
+                (int(self.dtype) << 4) | (NONE_OP if self.op is None else int(self.op)))
+
+    def _body(self, rank: int) -> bytes:
+        return RECORD.pack(0, *self._fields(rank))[8:]
+
+    @classmethod
+    def unpack(cls, data: bytes | memoryview) -> Signature:
+        _, count, tag, prog, seq, root, rank, kind, dop = RECORD.unpack_from(data)
+        op = dop & 0xF
+        return cls(seq, Kind(kind), count, DType(dop >> 4),
+                   None if op == NONE_OP else ReduceOp(op),
+                   None if root == NONE_ROOT else root, prog, tag, rank)
+
+
+def _digest(body: bytes) -> int:
+    return int.from_bytes(hashlib.blake2b(body, digest_size=8).digest(), "big") or 1
+
+
+def _show(field: str, value: object) -> str:
+    if value is None:
+        return "none"
+    if isinstance(value, IntEnum):
+        return value.name.lower()
+    if field in ("program", "tag"):
+        return f"{value:#x}"
+    return str(value)
+
+
+FIELDS = ("kind", "seq", "count", "dtype", "op", "root", "program", "tag")
+"""In the order a difference is reported: the first that differs names it."""
+
+
+def difference(a: Signature, b: Signature) -> tuple[str, tuple[str, str]] | None:
+    """The first field in which ``a`` and ``b`` differ, and both values as text."""
+    if a.digest == b.digest:
+        return None
+    for f in FIELDS:
+        va, vb = getattr(a, f), getattr(b, f)
+        if va != vb:
+            return f, (_show(f, va), _show(f, vb))
+    return "digest", (f"{a.digest:#x}", f"{b.digest:#x}")
+
+
+def with_rank(sig: Signature, rank: int) -> Signature:
+    return replace(sig, rank=rank)
+
+
+__all__ = ["FIELDS", "NONE_OP", "NONE_ROOT", "RECORD", "STEP_MISMATCH", "STEP_SIGNATURE",
+           "Kind", "Signature", "difference", "program_digest", "tag_value", "with_rank"]
