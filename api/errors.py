@@ -93,3 +93,19 @@ class CollectiveMismatchError(InvalidArgumentError):
         super().__init__(field, f"rank {ranks[0]} {values[0]}, rank {ranks[1]} {values[1]} "
                          "(every rank must pass the same count and dtype, op, root, "
                          "algorithm and tag, in the same order)")
+
+    @staticmethod
+    def of(field: str, ranks: tuple[int, int], values: tuple[str, str]) -> CollectiveMismatchError:
+        """The error for ``field``: a count or dtype difference is also a
+        :class:`CountMismatchError` or :class:`DtypeMismatchError`."""
+        cls = {"count": CollectiveCountMismatchError,
+               "dtype": CollectiveDtypeMismatchError}.get(field, CollectiveMismatchError)
+        return cls(field, ranks, values)
+
+
+class CollectiveCountMismatchError(CollectiveMismatchError, CountMismatchError):
+    """Ranks called one collective with different element counts."""
+
+
+class CollectiveDtypeMismatchError(CollectiveMismatchError, DtypeMismatchError):
+    """Ranks called one collective with different element types."""

@@ -382,7 +382,7 @@ def _mismatch(a: Signature, b: Signature) -> CollectiveMismatchError:
     if a.rank > b.rank:
         a, b = b, a
     field, values = difference(a, b) or ("digest", ("?", "?"))
-    return CollectiveMismatchError(field, (a.rank, b.rank), values)
+    return CollectiveMismatchError.of(field, (a.rank, b.rank), values)
 
 
 def _drain_stale(engine: Engine, coll_id: int, software: frozenset[int]) -> None:
