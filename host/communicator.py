@@ -17,6 +17,7 @@ import contextlib
 import functools
 import math
 import operator
+import os
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -169,11 +170,16 @@ class Communicator:
     ``master_addr``, ``master_port``, ``bind_ip``, ``mtu``, ``rto_s``, ``impair``,
     ``pcap``, ``slot_bytes``, ``slots``, ``initial_psn``, ``rendezvous_timeout_s``,
     ``stage_bytes`` and ``socket_buffer_bytes``; the others take what applies to them.
-    ``deadline_s`` bounds each call (default: the backend's).
+    ``deadline_s`` bounds each call (default: the backend's). ``check_calls`` (default:
+    FPGACCL_CHECK_CALLS=1 in the environment, else off) makes every rank compare each
+    collective's signature with its peers' (:mod:`fpgaccl.proto.signature`) and raise
+    :class:`~fpgaccl.errors.CollectiveMismatchError` on all of them where they disagree;
+    it is off by default while it costs extra messages per call (software backend only).
     """
 
     def __init__(self, rank: int, world_size: int, backend: str = "software", *,
-                 deadline_s: float | None = None, **options: Any) -> None:
+                 deadline_s: float | None = None, check_calls: bool | None = None,
+                 **options: Any) -> None:
         opener, default_deadline = open_backend(backend)
         deadline_s = default_deadline if deadline_s is None else deadline_s
         check_world(rank, world_size, deadline_s)
@@ -183,6 +189,9 @@ class Communicator:
         self.deadline_s = deadline_s
         self._coll = 0
         self._calls = 0  # the signature's sequence number
+        if check_calls is None:
+            check_calls = os.environ.get("FPGACCL_CHECK_CALLS", "") in ("1", "true", "yes")
+        self.check_calls = bool(check_calls)
         self._p2p_send = [0] * world_size
         self._p2p_recv = [0] * world_size
         self._lock = threading.Lock()
@@ -260,7 +269,8 @@ class Communicator:
                             blocks * (min(m, (k + 1) * seg) - k * seg)) for k in range(nseg)]
         dtype, rop = _dtype_of(dt), _op_of(op) if op else None
         sig = Signature(self._calls, kind, m, dtype, rop, root,
-                        program_digest(*algo) if algo else 0, tagv, self.rank)
+                        program_digest(*algo) if algo else 0, tagv,
+                        self.rank) if self.check_calls else None
         run = ProgramRun(name, program, dtype, dt, rop or ReduceOp.SUM, segments, get_in,
                          put_out, out, check_lengths, sig)
         return self._handle(self.impl.run(run, self.deadline_s), result, keep, async_op)
