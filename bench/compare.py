@@ -253,8 +253,8 @@ def _median_rows(rounds: list[list[dict]], n: int) -> list[dict]:
 def _default_mtu() -> int:
     import inspect
 
-    from fpgaccl.host import Communicator
-    return inspect.signature(Communicator.__init__).parameters["mtu"].default
+    from fpgaccl.host.backends.software import SoftwareBackend
+    return inspect.signature(SoftwareBackend.__init__).parameters["mtu"].default
 
 
 def main() -> int:
