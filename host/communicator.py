@@ -157,8 +157,19 @@ class Communicator:
     registers and queues). Keyword options go to the backend: the software engine's are
     ``master_addr``, ``master_port``, ``bind_ip``, ``mtu``, ``rto_s``, ``impair``,
     ``pcap``, ``slot_bytes``, ``slots``, ``initial_psn``, ``rendezvous_timeout_s``,
-    ``stage_bytes`` and ``socket_buffer_bytes``; the others take what applies to them.
-    ``deadline_s`` bounds each call (default: the backend's).
+    ``stage_bytes``, ``socket_buffer_bytes``, ``peer_timeout_s`` and ``retry_limit``; the
+    others take what applies to them.
+
+    ``deadline_s`` (default: the backend's, 60 s for the software one) bounds how long a
+    call may wait without progress, not how long it may take: on the software backend
+    the call fails with :class:`~fpgaccl.errors.RanksTimeoutError` (a
+    ``CollectiveTimeoutError``; ``ranks`` names whom it waited on) once neither it nor
+    the transport has moved for ``deadline_s``, so a large call on a slow link completes
+    however long it runs. A dead peer is the transport's to find, sooner: one that ACKs
+    nothing outstanding (or answers no probe while a call waits) for ``peer_timeout_s``
+    (1.25 s), or lets ``retry_limit`` (7) retransmissions go unACKed, fails every call
+    with :class:`~fpgaccl.errors.PeerDeadError` (a ``TransportError`` and a
+    ``CollectiveTimeoutError``; ``peer`` names it) and leaves the communicator unusable.
     """
 
     def __init__(self, rank: int, world_size: int, backend: str = "software", *,
