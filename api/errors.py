@@ -79,8 +79,10 @@ class PeerDeadError(TransportError, CollectiveTimeoutError):
         self.peer = peer
         self.ranks = [peer]
         self.reason = reason
-        CollectiveTimeoutError.__init__(self, operation, rank, timeout_s,
-                                        f"rank {peer} is dead: {reason}")
+        self.operation = operation
+        self.rank = rank
+        self.deadline_s = timeout_s
+        FpgacclError.__init__(self, f"rank {rank}: {operation}: rank {peer} is dead ({reason})")
 
 
 class RanksTimeoutError(CollectiveTimeoutError):

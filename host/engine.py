@@ -243,9 +243,14 @@ class Engine:
         """Queue ``program``. Ordered jobs (collectives) run one at a time in submission
         order; an unordered one (a send or a recv) runs beside them (:mod:`.jobs`)."""
         job = Job(name, program, deadline_s, ordered=ordered)
-        if self.failed is not None:
+        failed = self.failed
+        if isinstance(failed, PeerDeadError):  # still the dead peer's to name
+            job.finish(PeerDeadError(name, self.rank, failed.peer, failed.deadline_s,
+                                     f"found earlier: {failed.reason}"))
+            return job
+        if failed is not None:
             job.finish(TransportError(f"communicator unusable after an earlier failure: "
-                                      f"{self.failed}"))
+                                      f"{failed}"))
             return job
         self.jobs.submitted.append(job)
         self._wake()

@@ -151,8 +151,10 @@ def test_the_peer_timeout_fails_a_peer_that_stops_acking() -> None:
         eng.start()
         err, took = _send_and_wait(eng, deadline_s=30.0)
         assert isinstance(err, PeerDeadError) and err.peer == 1 and err.ranks == [1], err
-        assert "unACKed" in str(err)
+        assert "unACKed" in str(err) and "rank 1 is dead" in str(err)
         assert 0.3 <= took < 2.0, took
+        again, _ = _send_and_wait(eng, deadline_s=30.0)  # later calls name it too
+        assert isinstance(again, PeerDeadError) and again.peer == 1, again
     finally:
         eng.stop()
         sink.close()
