@@ -35,7 +35,7 @@ that, at least this often, for deadlines."""
 
 PROGRESS_SAMPLES = 8
 """Times per deadline a waiting job looks for transport progress: a job fails after
-between 1 and 1 + 1/8 deadlines without any."""
+between 1 and 1.25 deadlines without any."""
 
 
 class Latch:
@@ -99,8 +99,8 @@ class Jobs:
         self.running: deque[Job] = deque()
 
     def sequence(self, now: float) -> bool:
-        """Resume every job whose waits are over (or failed, or past its deadline);
-        whether any was resumed."""
+        """Resume every job whose waits are over (or failed, or without progress for its
+        deadline); whether any was resumed."""
         engine = self.engine
         jobs = self.running
         while self.submitted:
