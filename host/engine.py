@@ -62,6 +62,9 @@ fails: the HDL requester's ``max_retries``. With the software ``rto_s`` of 50 ms
 backoff that is ~3 s, so the peer timeout usually trips first; the limit bounds a peer
 whose timer is long (a large ``rto_s``) or a ``peer_timeout_s`` of None."""
 LIVENESS_POLL_S = 0.05
+STALL_S = 0.25
+"""A loop turn this much after the last (its waits are at most 50 ms) means this engine
+was not running: peers then get this long to answer before any silence is judged."""
 
 
 class Engine:
@@ -374,7 +377,7 @@ class Engine:
             state = rx.bulk_setup(wake_fd, self.mtu)
             bulk_stop = 0  # why fp_bulk returned, when the last turn ended in it
             seq_at = 0.0
-            live_at = 0.0
+            live_at = turn_at = 0.0
             while not self._stop:
                 if len(qps) != len(self.by_peer):
                     qps = list(self.by_peer.values())
@@ -387,6 +390,9 @@ class Engine:
                 else:
                     busy = receive()
                 now = time.monotonic()
+                if now - turn_at > STALL_S:
+                    live_at = now + STALL_S  # our own stall is no peer's silence
+                turn_at = now
                 # Guards before the per-QP calls: this loop runs hundreds of times a
                 # collective, and most turns find nothing for most QPs.
                 for qp in qps:
