@@ -68,6 +68,37 @@ class CollectiveTimeoutError(FpgacclError, TimeoutError):
         super().__init__(msg + (f" ({detail})" if detail else ""))
 
 
+class PeerDeadError(TransportError, CollectiveTimeoutError):
+    """A peer stopped answering the transport: ``peer`` (its rank) ACKed nothing of what
+    was outstanding to it for ``deadline_s`` (the peer timeout), or exhausted the retry
+    limit. Both a :class:`TransportError` and a :class:`CollectiveTimeoutError`, so that
+    either ``except`` catches it; ``ranks`` is ``[peer]`` as on a timeout."""
+
+    def __init__(self, operation: str, rank: int, peer: int, timeout_s: float,
+                 reason: str) -> None:
+        self.peer = peer
+        self.ranks = [peer]
+        self.reason = reason
+        self.operation = operation
+        self.rank = rank
+        self.deadline_s = timeout_s
+        FpgacclError.__init__(self, f"rank {rank}: {operation}: rank {peer} is dead ({reason})")
+
+
+class RanksTimeoutError(CollectiveTimeoutError):
+    """A :class:`CollectiveTimeoutError` raised while every peer was alive: ``ranks``
+    lists the ranks whose contribution (a grant, a message, the ACKs of what this rank
+    sent) never arrived, and ``waits`` says what was awaited of each ((rank, what))."""
+
+    def __init__(self, operation: str, rank: int, deadline_s: float,
+                 waits: list[tuple[int, str]]) -> None:
+        self.waits = waits
+        self.ranks = sorted({r for r, _ in waits})
+        detail = ", ".join(f"rank {r} ({what})" for r, what in waits)
+        super().__init__(operation, rank, deadline_s,
+                         f"no progress; waiting on {detail}" if waits else "no progress")
+
+
 class UnmappedAddressError(FpgacclError):
     """A DMA address falls outside every registered memory window."""
 

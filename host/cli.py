@@ -22,9 +22,11 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("-n", "--nprocs", type=int, required=True, help="number of ranks")
     run.add_argument("--pcap", default=None, help="write all RoCEv2 traffic to this pcap")
     run.add_argument("--impair", default=None,
-                     help="lossy link for testing, e.g. loss=0.05,dup=0.02,reorder=0.05")
+                     help="lossy link for testing, e.g. loss=0.05,dup=0.02,reorder=0.05,delay=0.01 "
+                     "(delay in seconds each way)")
     run.add_argument("--deadline", type=float, default=None,
-                     help="seconds before a stuck collective raises CollectiveTimeoutError")
+                     help="seconds a collective may wait without progress before it raises "
+                     "CollectiveTimeoutError")
     run.add_argument("--timeout", type=float, default=None, help="kill the run after this long")
     run.add_argument("--grace", type=float, default=None, metavar="SECONDS",
                      help="after SIGTERM/SIGHUP/SIGINT to the launcher, seconds the ranks "

@@ -126,11 +126,16 @@ class Handle:
         return done
 
     def wait(self, timeout: float | None = None) -> Any:
-        # The engine enforces the deadline itself; the margin covers a dead engine thread.
-        limit = self._job.deadline_s + 10 if timeout is None else timeout
-        if not self._job.event.wait(min(limit, threading.TIMEOUT_MAX)):
-            why = "engine unresponsive" if timeout is None else "still running at wait(timeout)"
-            raise CollectiveTimeoutError(self._job.name, self._rank, limit, why)
+        """The call's result; with ``timeout``, CollectiveTimeoutError if it is still
+        running then. Without one it waits for the backend: the deadline bounds a wait
+        without progress, so a healthy call may run far longer, and the engine ends every
+        job itself (a dead engine thread fails them all)."""
+        if timeout is None:
+            while not self._job.event.wait(min(3600.0, threading.TIMEOUT_MAX)):
+                pass
+        elif not self._job.event.wait(min(timeout, threading.TIMEOUT_MAX)):
+            raise CollectiveTimeoutError(self._job.name, self._rank, timeout,
+                                         "still running at wait(timeout)")
         self._complete()
         return self._result
 
@@ -169,10 +174,23 @@ class Communicator:
     registers and queues). Keyword options go to the backend: the software engine's are
     ``master_addr``, ``master_port``, ``bind_ip``, ``mtu``, ``rto_s``, ``impair``,
     ``pcap``, ``slot_bytes``, ``slots``, ``initial_psn``, ``rendezvous_timeout_s``,
-    ``stage_bytes`` and ``socket_buffer_bytes``; the others take what applies to them.
-    ``deadline_s`` bounds each call (default: the backend's). ``check_calls`` (default:
-    FPGACCL_CHECK_CALLS=1 in the environment, else off) makes every rank compare each
-    collective's signature with its peers' (:mod:`fpgaccl.proto.signature`) and raise
+    ``stage_bytes``, ``socket_buffer_bytes``, ``peer_timeout_s`` and ``retry_limit``; the
+    others take what applies to them.
+
+    ``deadline_s`` (default: the backend's, 60 s for the software one) bounds how long a
+    call may wait without progress, not how long it may take: on the software backend
+    the call fails with :class:`~fpgaccl.errors.RanksTimeoutError` (a
+    ``CollectiveTimeoutError``; ``ranks`` names whom it waited on) once neither it nor
+    the transport has moved for ``deadline_s``, so a large call on a slow link completes
+    however long it runs. A dead peer is the transport's to find, sooner: one that ACKs
+    nothing outstanding (or answers no probe while a call waits) for ``peer_timeout_s``
+    (1.25 s), or lets ``retry_limit`` (7) retransmissions go unACKed, fails every call
+    with :class:`~fpgaccl.errors.PeerDeadError` (a ``TransportError`` and a
+    ``CollectiveTimeoutError``; ``peer`` names it) and leaves the communicator unusable.
+
+    ``check_calls`` (default: FPGACCL_CHECK_CALLS=1 in the environment, else off) makes
+    every rank compare each collective's signature with its peers'
+    (:mod:`fpgaccl.proto.signature`) and raise
     :class:`~fpgaccl.errors.CollectiveMismatchError` on all of them where they disagree;
     it is off by default while it costs extra messages per call (software backend only).
     """

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from fpgaccl.errors import InvalidArgumentError, TransportError
+from fpgaccl.errors import InvalidArgumentError, PeerDeadError, TransportError
 from fpgaccl.proto.drops import DropReason
 from fpgaccl.proto.opcodes import ROCEV2_UDP_PORT
 from fpgaccl.proto.plans import QPN_BASE
@@ -51,6 +51,20 @@ socket buffer, and on a shared CPU a descheduled receiver then stalls its sender
 A peer whose socket buffer is smaller gets less (:meth:`Engine.fit_window`)."""
 MIN_WINDOW = 8
 """Packets: the smallest send window a constructor gives (a fitted one may be smaller)."""
+PEER_TIMEOUT_S = 1.25
+"""A peer that ACKs nothing of what is outstanding to it (or answers no probe) for this
+long is dead. Counted only while it owes an ACK: a slow peer that ACKs anything is never
+dead, however long the call. A probe goes out every ``PEER_TIMEOUT_S / 5`` of a wait, so
+a killed rank is found by every other one within about 1.5 s."""
+RETRY_LIMIT = 7
+"""Retransmit-timer expiries without an ACK that moves the window before the queue pair
+fails: the HDL requester's ``max_retries``. With the software ``rto_s`` of 50 ms and its
+backoff that is ~3 s, so the peer timeout usually trips first; the limit bounds a peer
+whose timer is long (a large ``rto_s``) or a ``peer_timeout_s`` of None."""
+LIVENESS_POLL_S = 0.05
+STALL_S = 0.25
+"""A loop turn this much after the last (its waits are at most 50 ms) means this engine
+was not running: peers then get this long to answer before any silence is judged."""
 
 
 class Engine:
@@ -58,14 +72,24 @@ class Engine:
                  slot_bytes: int = 256 * 1024, slots: int = 8, window_bytes: int = 512 * 1024,
                  rto_s: float = 0.05, link: Callable | None = None,
                  tap: Callable | None = None, native_path: bool = True,
-                 socket_buffer_bytes: int = SOCKET_BUFFER_BYTES) -> None:
+                 socket_buffer_bytes: int = SOCKET_BUFFER_BYTES,
+                 peer_timeout_s: float | None = PEER_TIMEOUT_S,
+                 retry_limit: int | None = RETRY_LIMIT) -> None:
         if mtu not in VALID_MTUS:
             raise InvalidArgumentError("mtu", f"{mtu} is not one of {VALID_MTUS}")
         if type(socket_buffer_bytes) is not int or not 65536 <= socket_buffer_bytes <= 1 << 30:
             raise InvalidArgumentError("socket_buffer_bytes", f"{socket_buffer_bytes!r}: an "
                                        "int from 65536 to 2**30 bytes")
+        if peer_timeout_s is not None and (isinstance(peer_timeout_s, bool) or not isinstance(
+                peer_timeout_s, (int, float)) or not 0 < peer_timeout_s < float("inf")):
+            raise InvalidArgumentError("peer_timeout_s", f"{peer_timeout_s!r}: seconds > 0, "
+                                       "or None for no peer timeout")
+        if retry_limit is not None and (type(retry_limit) is not int or retry_limit < 0):
+            raise InvalidArgumentError("retry_limit", f"{retry_limit!r}: an int >= 0, or None")
         self.rank = rank
         self.bind_ip = bind_ip
+        self.peer_timeout_s = peer_timeout_s
+        self.retry_limit = retry_limit
         self.mtu = JUMBO_PAYLOAD if mtu == 9000 else mtu
         self.slot_bytes = max(slot_bytes - slot_bytes % self.mtu, self.mtu)
         self.slots = slots
@@ -222,9 +246,14 @@ class Engine:
         """Queue ``program``. Ordered jobs (collectives) run one at a time in submission
         order; an unordered one (a send or a recv) runs beside them (:mod:`.jobs`)."""
         job = Job(name, program, deadline_s, ordered=ordered)
-        if self.failed is not None:
+        failed = self.failed
+        if isinstance(failed, PeerDeadError):  # still the dead peer's to name
+            job.finish(PeerDeadError(name, self.rank, failed.peer, failed.deadline_s,
+                                     f"found earlier: {failed.reason}"))
+            return job
+        if failed is not None:
             job.finish(TransportError(f"communicator unusable after an earlier failure: "
-                                      f"{self.failed}"))
+                                      f"{failed}"))
             return job
         self.jobs.submitted.append(job)
         self._wake()
@@ -241,7 +270,7 @@ class Engine:
         sb = self.slot_bytes
         n = len(data)
         nmsg = max(1, -(-n // sb))
-        comp = Completion(nmsg)
+        comp = Completion(nmsg, peer, "ACKs of what it was sent")
         for i in range(nmsg):
             final = i == nmsg - 1
             imm = wire.pack_imm(coll_id, step | (wire.STEP_FINAL if final else 0))
@@ -285,10 +314,53 @@ class Engine:
     def drop(self, reason: DropReason) -> None:
         self.drops[reason] += 1
 
-    def qp_failed(self, qp: QueuePair, error: BaseException) -> None:
+    def qp_failed(self, qp: QueuePair, error: BaseException,
+                  per_job: Callable[[Job], BaseException] | None = None) -> None:
         self._qp_error = self._qp_error or error  # jobs not yet started fail with it too
-        self.jobs.close_running(lambda: error)
+        self.jobs.close_running(per_job or (lambda job: error))
         self.failed = error
+
+    def peer_dead(self, qp: QueuePair, reason: str) -> None:
+        """``qp``'s peer stopped answering: every call fails, naming it. A world missing
+        a rank cannot run a collective again, so the engine stays failed, as after any
+        queue pair's failure."""
+        if qp.error is not None:
+            return
+        timeout = self.peer_timeout_s or 0.0
+
+        def dead(job: Job | None) -> PeerDeadError:
+            return PeerDeadError(job.name if job else "transport", self.rank, qp.peer,
+                                 timeout, reason)
+
+        qp.error = dead(None)
+        self.stats["peers_dead"] += 1
+        self.qp_failed(qp, qp.error, dead)
+
+    def check_liveness(self, now: float) -> None:
+        """Fail the queue pair of a peer that has owed an ACK for ``peer_timeout_s``.
+        Called only on a turn whose receive found nothing: what has arrived is read
+        before a silence is judged."""
+        timeout = self.peer_timeout_s
+        if timeout is None:
+            return
+        for qp in self.by_peer.values():
+            if qp.error is None and (qp.outstanding or qp.probed):
+                silent = qp.silent_for(now)
+                if silent > timeout:
+                    what = (f"{qp.inflight} packet(s) unACKed" if qp.outstanding
+                            else "a liveness probe unanswered")
+                    self.peer_dead(qp, f"{what} for {silent:.2f} s")
+                    return
+
+    def probe(self, peers: Any, now: float) -> None:
+        """A job waits on ``peers`` (ranks): ask those we owe nothing for an ACK, so a
+        dead one is found even where nothing of ours is outstanding to it."""
+        if self.peer_timeout_s is None:
+            return
+        for peer in peers:
+            qp = self.by_peer.get(peer)
+            if qp is not None:
+                qp.probe(now)
 
     def _run(self) -> None:
         jobs = self.jobs
@@ -305,6 +377,7 @@ class Engine:
             state = rx.bulk_setup(wake_fd, self.mtu)
             bulk_stop = 0  # why fp_bulk returned, when the last turn ended in it
             seq_at = 0.0
+            live_at = turn_at = 0.0
             while not self._stop:
                 if len(qps) != len(self.by_peer):
                     qps = list(self.by_peer.values())
@@ -317,6 +390,9 @@ class Engine:
                 else:
                     busy = receive()
                 now = time.monotonic()
+                if now - turn_at > STALL_S:
+                    live_at = now + STALL_S  # our own stall is no peer's silence
+                turn_at = now
                 # Guards before the per-QP calls: this loop runs hundreds of times a
                 # collective, and most turns find nothing for most QPs.
                 for qp in qps:
@@ -328,6 +404,9 @@ class Engine:
                         qp.check_timer(now, self.rto_s)
                 if self.arrivals_dirty:
                     self._match()
+                if not busy and now >= live_at:
+                    live_at = now + LIVENESS_POLL_S
+                    self.check_liveness(now)
                 if submitted or (running and (self.seq_due or now >= seq_at)):
                     self.seq_due = False
                     seq_at = now + SEQUENCE_POLL_S

@@ -1,5 +1,6 @@
 """The engine's job queue: the programs the host submitted, resumed on the engine thread
-when what they wait on is done, failed at their deadline or with their queue pairs.
+when what they wait on is done, failed with their queue pairs or when they make no
+progress for their deadline.
 
 Ordered jobs (collectives) share the collective region and its numbering: they run one
 at a time, in submission order, which every rank shares, like a hardware command queue.
@@ -15,10 +16,9 @@ import contextlib
 import threading
 from collections import deque
 from collections.abc import Callable, Generator
-from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from fpgaccl.errors import CollectiveTimeoutError, TransportError
+from fpgaccl.errors import RanksTimeoutError, TransportError
 
 from .qp import Completion
 
@@ -32,6 +32,10 @@ SEQUENCE_POLL_S = 0.002
 """The sequencer runs when something it may wait on happened (``Engine.seq_due``: an
 ACKed message, a grant or message landed, a receive delivered, a new job) and, failing
 that, at least this often, for deadlines."""
+
+PROGRESS_SAMPLES = 8
+"""Times per deadline a waiting job looks for transport progress: a job fails after
+between 1 and 1.25 deadlines without any."""
 
 
 class Latch:
@@ -76,6 +80,9 @@ class Job:
         self.error: BaseException | None = None
         self.started = 0.0
         self.waiting: list[Completion] = []
+        self.progress_at = 0.0  # when the job resumed or the transport last moved
+        self.mark: tuple | None = None  # the transport's position then
+        self.probe_at = 0.0
 
     def finish(self, error: BaseException | None = None) -> None:
         self.error = error
@@ -92,8 +99,8 @@ class Jobs:
         self.running: deque[Job] = deque()
 
     def sequence(self, now: float) -> bool:
-        """Resume every job whose waits are over (or failed, or past its deadline);
-        whether any was resumed."""
+        """Resume every job whose waits are over (or failed, or without progress for its
+        deadline); whether any was resumed."""
         engine = self.engine
         jobs = self.running
         while self.submitted:
@@ -101,13 +108,15 @@ class Jobs:
         progressed = False
         i = 0
         ordered_blocked = False
+        mark = None
         while i < len(jobs):
             job = jobs[i]
             if job.ordered and ordered_blocked:
                 i += 1
                 continue
             if not job.started:
-                job.started = now
+                job.started = job.progress_at = now
+                job.probe_at = now + self.probe_s()
             err = None
             for c in job.waiting:
                 if c.error is not None:
@@ -116,15 +125,26 @@ class Jobs:
             if err is None and not all(c.done for c in job.waiting):
                 err = engine._qp_error
                 if err is None:
-                    if now - job.started > job.deadline_s:
-                        err = CollectiveTimeoutError(
-                            job.name, engine.rank, job.deadline_s,
-                            f"waiting on {sum(not c.done for c in job.waiting)} transfer(s)")
+                    if now >= job.probe_at:
+                        job.probe_at = now + self.probe_s()
+                        engine.probe(engine.by_peer if job.ordered else
+                                     {r for r, _ in self.waits(job)}, now)
+                    idle = now - job.progress_at
+                    if idle > job.deadline_s / PROGRESS_SAMPLES:
+                        # The deadline bounds a wait without progress, not the call: a
+                        # long transfer that keeps moving never times out.
+                        mark = mark or self.mark()
+                        if mark != job.mark:
+                            job.mark, job.progress_at, idle = mark, now, 0.0
+                    if idle > job.deadline_s:
+                        err = RanksTimeoutError(job.name, engine.rank, job.deadline_s,
+                                                self.waits(job))
                     else:
                         ordered_blocked = ordered_blocked or job.ordered
                         i += 1
                         continue
             progressed = True
+            job.progress_at = now
             try:
                 got = job.program.throw(err) if err is not None else job.program.send(None)
             except StopIteration:
@@ -137,23 +157,23 @@ class Jobs:
                 del jobs[i]
                 job.finish(e)
                 engine.failed = e
-                self.close_running(partial(TransportError,
-                                           f"aborted after {job.name} failed: {e}"))
+                self.close_running(lambda _job, e=e, name=job.name: TransportError(
+                    f"aborted after {name} failed: {e}"))
                 continue
             job.waiting = _flatten(got)
             if engine.arrivals_dirty:
                 engine._match()
         return progressed
 
-    def close_running(self, error: Callable[[], BaseException]) -> None:
-        """Fail every running job with what ``error()`` returns. Each program is closed
+    def close_running(self, error: Callable[[Job], BaseException]) -> None:
+        """Fail every running job with what ``error(job)`` returns. Each program is closed
         here, on the engine thread: its clean-up (its borrowed SENDs taking their own
         copies) must run before the caller has its buffers back, not whenever and
         wherever the generator is collected."""
         for job in self.running:
             with contextlib.suppress(Exception):
                 job.program.close()
-            job.finish(error())
+            job.finish(error(job))
         self.running.clear()
 
     def finish_all(self, error: BaseException) -> None:
@@ -162,11 +182,54 @@ class Jobs:
             job.finish(error)
 
     def wait_s(self, now: float) -> float | None:
-        """Seconds until the first running job's deadline; None without one."""
+        """Seconds until the first running job's next look at its progress; None without
+        one."""
         if not self.running:
             return None
         job = self.running[0]
-        return max(0.0, job.started + job.deadline_s - now)
+        return max(0.0, job.progress_at + job.deadline_s / PROGRESS_SAMPLES - now)
+
+    def probe_s(self) -> float:
+        timeout = self.engine.peer_timeout_s
+        return float("inf") if timeout is None else timeout / 5
+
+    def mark(self) -> tuple:
+        """The transport's position: what each queue pair has received and had ACKed."""
+        return tuple((qp.epsn, qp.next_psn - qp.inflight)
+                     for qp in self.engine.by_peer.values())
+
+    def waits(self, job: Job) -> list[tuple[int, str]]:
+        """Whom ``job`` waits on, and for what: (rank, what), in order, each once."""
+        heads = {}
+        for qp in self.engine.by_peer.values():
+            heads[id(qp.grants)] = (qp.peer, "grant")
+            heads[id(qp.landed)] = (qp.peer, "message")
+        out: list[tuple[int, str]] = []
+        for w in job.waiting:
+            if w.done:
+                continue
+            peer = getattr(w, "peer", -1)
+            if peer >= 0:
+                out.append((peer, w.what))
+                continue
+            # The executor yields a bare queue head: whose, the queue says; for which
+            # step, the instruction it runs.
+            hit = heads.get(id(getattr(w, "queue", None)))
+            if hit is not None:
+                step = _step(job.program)
+                out.append((hit[0], hit[1] + ("" if step is None else f" of step {step}")))
+        return list(dict.fromkeys(out))
+
+
+def _step(program: Program) -> int | None:
+    """The ``step`` of the instruction the innermost running generator of ``program``
+    holds (the executor's ``ins``), None if there is none."""
+    gen: Any = program
+    while getattr(gen, "gi_yieldfrom", None) is not None:
+        gen = gen.gi_yieldfrom
+    frame = getattr(gen, "gi_frame", None)
+    ins = None if frame is None else frame.f_locals.get("ins")
+    return getattr(ins, "step", None)
 
 
 def _flatten(got: Any) -> list[Completion]:

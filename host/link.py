@@ -1,4 +1,5 @@
-"""A lossy link between the engine and its socket: drop, duplicate and reorder datagrams.
+"""A lossy link between the engine and its socket: drop, duplicate, reorder and delay
+datagrams.
 
 Used by tests and ``fpgaccl run --impair`` to prove that the transport, not luck, keeps
 results right. Decisions come from a seeded generator so a failing run can be replayed.
@@ -6,7 +7,11 @@ results right. Decisions come from a seeded generator so a failing run can be re
 
 from __future__ import annotations
 
+import contextlib
+import queue
 import random
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -18,6 +23,10 @@ class ImpairedLink:
     loss: float = 0.0
     dup: float = 0.0
     reorder: float = 0.0
+    # Seconds each datagram spends on the link (a delay line on a thread of its own: the
+    # engine never waits for it). A long link is a slow one for a windowed transport: a
+    # peer that stays alive and moves, however long its calls take.
+    delay: float = 0.0
     seed: int = 0
     stats: dict[str, int] = field(default_factory=lambda: {"lost": 0, "duplicated": 0,
                                                            "reordered": 0})
@@ -29,6 +38,8 @@ class ImpairedLink:
     def __call__(self, parts: tuple, addr: tuple[str, int], send: Send) -> None:
         # Freeze the bytes: a held or duplicated packet must carry what was sent then.
         parts = (b"".join(bytes(p) for p in parts),)
+        if self.delay:
+            send = self._delayed(send)
         rng = self._rng
         if rng.random() < self.loss:
             self.stats["lost"] += 1
@@ -44,6 +55,27 @@ class ImpairedLink:
             send(parts, addr)
         self._release(send)
 
+    def _delayed(self, send: Send) -> Send:
+        line = getattr(self, "_line", None)
+        if line is None:
+            line = self._line = queue.SimpleQueue()
+            threading.Thread(target=self._drain, args=(line,), daemon=True,
+                             name="fpgaccl-link-delay").start()
+
+        def later(parts: tuple, addr: tuple[str, int]) -> None:
+            line.put((time.monotonic() + self.delay, send, parts, addr))
+        return later
+
+    @staticmethod
+    def _drain(line: queue.SimpleQueue) -> None:
+        while True:
+            due, send, parts, addr = line.get()
+            wait = due - time.monotonic()
+            if wait > 0:
+                time.sleep(wait)
+            with contextlib.suppress(OSError):  # a closed engine's link goes down with it
+                send(parts, addr)
+
     def _release(self, send: Send) -> None:
         if self._held is not None:
             held, self._held = self._held, None
@@ -51,11 +83,11 @@ class ImpairedLink:
 
     @classmethod
     def parse(cls, spec: str, seed: int = 0) -> ImpairedLink:
-        """``"loss=0.05,dup=0.02,reorder=0.05[,seed=N]"``"""
+        """``"loss=0.05,dup=0.02,reorder=0.05[,delay=0.001][,seed=N]"``"""
         kw: dict[str, float] = {}
         for item in filter(None, (s.strip() for s in spec.split(","))):
             key, _, value = item.partition("=")
-            if key not in ("loss", "dup", "reorder", "seed"):
+            if key not in ("loss", "dup", "reorder", "delay", "seed"):
                 from fpgaccl.errors import InvalidArgumentError
                 raise InvalidArgumentError("impair", f"unknown impairment {key!r}")
             kw[key] = float(value)

@@ -45,7 +45,7 @@ class Matcher:
 
     def post(self, peer: int, coll_id: int, step: int, dest: np.ndarray, ufunc: Any | None,
              what: str) -> Completion:
-        comp = Completion(1)
+        comp = Completion(1, peer, f"message of step {step}")
         self.posted[peer].append(RecvOp(coll_id & 0xFFFF, step, dest, ufunc, comp, what))
         return comp
 

@@ -74,10 +74,13 @@ _LE32 = np.dtype("<u4")
 class Completion:
     """Done-flag of one posted operation; the sequencer waits on these."""
 
-    __slots__ = ("done", "error", "pending")
+    __slots__ = ("done", "error", "peer", "pending", "what")
 
-    def __init__(self, pending: int = 0) -> None:
+    def __init__(self, pending: int = 0, peer: int = -1, what: str = "") -> None:
         self.pending = pending
+        # Whom it waits on, and for what: a timeout names them.
+        self.peer = peer
+        self.what = what
         self.done = pending == 0
         self.error: BaseException | None = None
 
@@ -311,6 +314,11 @@ class QueuePair:
         self.since_ackreq = 0
         self.last_progress = 0.0
         self.retries = 0
+        # Liveness (Engine.check_liveness): since when the peer owes an ACK it has not
+        # sent, counting only time with something outstanding; and since when a probe
+        # (Engine.probe) has gone unanswered, 0 when none.
+        self.acked_at = 0.0
+        self.probed = 0.0
         self.error: BaseException | None = None
         # Responder state.
         self.epsn = 0
@@ -455,7 +463,7 @@ class QueuePair:
                                    ext, payload, tail)
         parts = (hdr, payload, tail)
         if not self.outstanding:
-            self.last_progress = now
+            self.last_progress = self.acked_at = now
         self.outstanding.append((psn, parts, msg if last else None, 1))
         self.inflight += 1
         if last:
@@ -485,7 +493,7 @@ class QueuePair:
         state = _middle_state(seed, dqpn)
         word, crc32, icrc = wire.IMM_FMT.pack, wire.crc32, wire.ICRC_FMT.pack
         if not self.outstanding:
-            self.last_progress = now
+            self.last_progress = self.acked_at = now
         append = self.outstanding.append
         flat: list = []
         for _ in range(k):
@@ -534,7 +542,7 @@ class QueuePair:
             self.since_ackreq = (since + k) % half
         flat = memoryview(run).cast("B")
         if not self.outstanding:
-            self.last_progress = now
+            self.last_progress = self.acked_at = now
         self.outstanding.append((psn, flat if k > 1 else (flat,), None, k))
         self.inflight += k
         self.next_psn = (psn + k) & wire.PSN_MASK
@@ -556,7 +564,7 @@ class QueuePair:
             wire.PSN_MASK, wire.ACKREQ, self.since_ackreq, self.engine.window // 2,
             self._send_middle_state(), fp.crc)
         if not self.outstanding:
-            self.last_progress = now
+            self.last_progress = self.acked_at = now
         self._gathered(run, k)
         self.engine.transmit_gather(run, k, self.addr)
 
@@ -613,6 +621,7 @@ class QueuePair:
             self.engine.drop(DropReason.ACK_PSN_INVALID)
             return
         self.engine.stats["acks_rx"] += 1
+        self.probed = 0.0
         if kind == AethKind.NAK and code == NakCode.PSN_SEQUENCE_ERROR:
             self._acked(psn - 1, now)
             self.engine.stats["nak_rx"] += 1
@@ -638,8 +647,9 @@ class QueuePair:
         if n <= 0:
             return
         self.inflight -= n
-        self.last_progress = now
+        self.last_progress = self.acked_at = now
         self.retries = 0
+        self.probed = 0.0
         pop = out.popleft
         while n:
             first, parts, msg, k = out[0]
@@ -694,6 +704,12 @@ class QueuePair:
         if self.outstanding and now - self.last_progress > rto * (1 << min(self.retries, 4)):
             self.retries += 1
             self.engine.stats["timeouts"] += 1
+            limit = getattr(self.engine, "retry_limit", None)
+            if limit is not None and self.retries > limit:
+                # As the HDL requester: ``limit`` retransmissions without an ACK that
+                # moved the window, then the QP fails.
+                self.engine.peer_dead(self, f"{limit} retransmissions went unACKed")
+                return
             if self.retries == 1:
                 # First expiry: probe with the oldest packet only. On a starved CPU most
                 # timeouts are spurious, and the responder re-ACKs a duplicate, so this
@@ -1027,6 +1043,8 @@ class QueuePair:
         """Take back what :meth:`bulk_tx` lent ``fp_bulk``: the MIDDLEs it sent become one
         outstanding :class:`GatherRun`, then the ACKs it took are applied."""
         sealed = b.sealed
+        if sealed and not self.outstanding:
+            self.acked_at = b.last_progress  # the C loop started the timer then
         if sealed:
             mtu = self.engine.mtu
             # Its own rows: a slice would keep the whole message's array alive.
@@ -1039,6 +1057,32 @@ class QueuePair:
         self.last_progress = b.last_progress
         if b.acked:
             self._acked(b.acked_psn, b.last_progress)
+
+    def silent_for(self, now: float) -> float:
+        """How long the peer has owed an ACK and sent none (0: it owes none)."""
+        if self.outstanding:
+            return now - self.acked_at
+        return now - self.probed if self.probed else 0.0
+
+    def probe(self, now: float) -> None:
+        """Ask a peer we owe nothing and send nothing for an ACK: a zero-length WRITE
+        with the PSN before the next, which the responder drops as a duplicate and
+        re-ACKs (here as in the HDL). It moves no state on either side; the answer,
+        or its absence, tells whether the peer is alive."""
+        if self.outstanding or self.error is not None or self._ack is None:
+            return
+        if not self.probed:
+            self.probed = now
+        psn = (self.next_psn - 1) & wire.PSN_MASK
+        opcode = Opcode.RDMA_WRITE_ONLY
+        ext = wire.RETH_FMT.pack(self.remote_va, self.remote_rkey, 0)
+        seed = wire.icrc_seed(self.src_ip, self.dst_ip, self.local_port, self.addr[1],
+                              wire.UDP_LEN + wire.BTH_LEN + len(ext) + wire.ICRC_LEN)
+        icrc = wire.datagram_icrc(seed, wire.bth_masked(opcode, 0, self.remote_qpn, True, psn),
+                                  ext, b"", b"")
+        self.engine.stats["probes_tx"] += 1
+        self.engine.transmit((wire.bth(opcode, 0, self.remote_qpn, True, psn) + ext, icrc),
+                             self.addr)
 
     def give_back(self, slot: int) -> None:
         """Return a consumed ring slot to the peer."""

@@ -21,7 +21,14 @@ from fpgaccl.proto.isa import Buf
 
 from .. import algorithms as alg
 from .. import wire
-from ..engine import SOCKET_BUFFER_BYTES, SOFTWARE_WINDOW_BYTES, Engine, Job
+from ..engine import (
+    PEER_TIMEOUT_S,
+    RETRY_LIMIT,
+    SOCKET_BUFFER_BYTES,
+    SOFTWARE_WINDOW_BYTES,
+    Engine,
+    Job,
+)
 from ..executor import DEFAULT_STAGE_BYTES, CollectiveRegion, SignatureCheck, execute
 from ..link import ImpairedLink
 from ..pcap import PcapWriter
@@ -44,7 +51,9 @@ class SoftwareBackend:
                  slot_bytes: int = 256 * 1024, slots: int = 8,
                  initial_psn: int | None = None, rendezvous_timeout_s: float = 60.0,
                  stage_bytes: int = DEFAULT_STAGE_BYTES,
-                 socket_buffer_bytes: int = SOCKET_BUFFER_BYTES) -> None:
+                 socket_buffer_bytes: int = SOCKET_BUFFER_BYTES,
+                 peer_timeout_s: float | None = PEER_TIMEOUT_S,
+                 retry_limit: int | None = RETRY_LIMIT) -> None:
         self.rank, self.world_size = rank, world_size
         master_addr, master_port = master(master_addr, master_port)
         bind_ip = choose_bind_ip(rank, master_addr, master_port, bind_ip)
@@ -56,7 +65,8 @@ class SoftwareBackend:
             self.engine = Engine(rank, bind_ip, mtu=mtu, slot_bytes=slot_bytes, slots=slots,
                                  rto_s=rto_s, link=impair,
                                  tap=self._pcap.tap if self._pcap else None,
-                                 socket_buffer_bytes=socket_buffer_bytes)
+                                 socket_buffer_bytes=socket_buffer_bytes,
+                                 peer_timeout_s=peer_timeout_s, retry_limit=retry_limit)
         except BaseException:
             self._close_pcap()
             raise

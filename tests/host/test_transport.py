@@ -313,7 +313,9 @@ def _bad_key(comm) -> str:
 def test_rejected_write_raises_remote_access_error() -> None:
     res = run_world(2, _bad_key, comm_kw={"deadline_s": 3}, timeout=60)
     assert res[0] == ("ok", RemoteAccessError.__name__)
-    assert res[1] == ("ok", "CollectiveTimeoutError")
+    # Rank 0 closes after its error: rank 1 finds it gone (or, on a slow start, times
+    # out first); both are CollectiveTimeoutErrors.
+    assert res[1] in (("ok", "PeerDeadError"), ("ok", "RanksTimeoutError"))
 
 
 # ---------------------------------------------------------------- coalesced receive (GRO)

@@ -1,0 +1,182 @@
+"""Liveness apart from the deadline: a dead peer is found by the transport within the
+peer timeout (or the retry limit) and named; a slow peer that keeps moving is never
+failed, however long its call; a timeout names the ranks it waits on."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fpgaccl.errors import (
+    CollectiveTimeoutError,
+    PeerDeadError,
+    RanksTimeoutError,
+    TransportError,
+)
+from fpgaccl.host import wire
+from fpgaccl.host.engine import PEER_TIMEOUT_S, Engine
+
+from ._world import all_ok, run_world
+
+N_KILL = 4 << 20  # float32: 16 MiB, a call that is still in flight 20 ms in
+
+
+def _killed(comm, victim: int, stamp: str) -> tuple:
+    x = np.ones(N_KILL, np.float32)
+    comm.allreduce(np.ones(1024, np.float32))  # all in, the world formed
+    if comm.rank == victim:
+        comm.allreduce(x, async_op=True)
+        time.sleep(0.02)
+        Path(stamp).write_text(repr(time.time()))
+        os.kill(os.getpid(), signal.SIGKILL)
+    t0 = time.time()
+    try:
+        comm.allreduce(x)
+    except CollectiveTimeoutError as e:
+        return (type(e).__name__, isinstance(e, TransportError), getattr(e, "peer", None),
+                getattr(e, "ranks", None), time.time(), time.time() - t0)
+    return ("completed", False, None, None, time.time(), time.time() - t0)
+
+
+def test_a_killed_rank_is_named_by_every_other_rank_within_the_peer_timeout() -> None:
+    with tempfile.TemporaryDirectory() as d:
+        stamp = os.path.join(d, "killed")
+        res = run_world(4, _killed, victim=2, stamp=stamp, timeout=60, _close=False)
+        killed_at = float(Path(stamp).read_text())
+    assert res[2][0] == "died", res
+    for r in (0, 1, 3):
+        status, v = res[r]
+        assert status == "ok", res
+        name, transport, peer, ranks, at, _ = v
+        # The deadline (60 s) never came into it: the transport found the peer dead.
+        assert (name, transport, peer, ranks) == ("PeerDeadError", True, 2, [2]), (r, v)
+        assert at - killed_at < 2.5, f"rank {r} took {at - killed_at:.2f} s"
+        print(f"rank {r}: PeerDeadError naming rank 2 {at - killed_at:.2f} s after the kill")
+
+
+def _late(comm, late: int, deadline: float) -> tuple:
+    comm.barrier()
+    if comm.rank == late:
+        time.sleep(deadline * 1.125 + 2.5)  # alive, answering the transport, not calling
+        return ("late",)
+    n = comm.world_size
+    x = np.arange(4 * n, dtype=np.float32)
+    try:
+        comm.alltoallv(x, [4] * n, np.zeros(4 * n, np.float32), [4] * n)
+    except CollectiveTimeoutError as e:
+        return (type(e).__name__, getattr(e, "ranks", None), str(e))
+    return ("completed",)
+
+
+def test_a_rank_that_never_calls_is_named_by_every_other_rank() -> None:
+    deadline = 1.0
+    res = run_world(4, _late, late=2, deadline=deadline, comm_kw={"deadline_s": deadline},
+                    timeout=60, _close=False)
+    for r, v in enumerate(all_ok(res)):
+        if r == 2:
+            continue
+        # Alive: not a dead peer, a timeout that names whom this rank waits on.
+        assert v[0] == "RanksTimeoutError" and v[1] == [2], (r, v)
+        assert "rank 2 (message of step" in v[2], v[2]
+
+
+def _slow(comm, n: int) -> tuple:
+    x = np.full(n, comm.rank + 1, np.float32)
+    t0 = time.monotonic()
+    comm.allreduce(x)
+    return float(x[0]), float(x[-1]), time.monotonic() - t0
+
+
+def test_a_slow_peer_that_keeps_moving_never_times_out() -> None:
+    # A 30 ms link each way and a window of 1 MiB: the call takes many deadlines, each
+    # with progress, and a peer timeout of a few round trips never sees a silent peer.
+    # (No loss here: a lost message end waits out rto_s, which is no progress.)
+    deadline = 0.3
+    n = 8 << 20  # 32 MiB
+    res = all_ok(run_world(2, _slow, n=n, timeout=60,
+                           comm_kw={"deadline_s": deadline, "peer_timeout_s": 0.5,
+                                    "rto_s": 0.2, "impair": "delay=0.03"}))
+    for first, last, took in res:
+        assert (first, last) == (3.0, 3.0)
+        assert took > 5 * deadline, f"{took:.2f} s: not slow enough to prove anything"
+    print(f"slow allreduce: {max(t for _, _, t in res):.2f} s with a {deadline} s deadline")
+
+
+def _silent_peer(retry_limit: int | None, peer_timeout_s: float | None) -> tuple:
+    """An engine whose one peer is a socket that takes everything and ACKs nothing."""
+    eng = Engine(0, "127.77.41.1", rto_s=0.01, retry_limit=retry_limit,
+                 peer_timeout_s=peer_timeout_s)
+    qp = eng.create_qp(1)
+    sink = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sink.bind(("127.77.41.2", wire.ROCEV2_UDP_PORT))
+    qp.connect(remote_qpn=0x4242, addr=sink.getsockname(), local_ip=eng.addr[0],
+               send_psn=10, recv_psn=100, remote_va=0, remote_rkey=0)
+    return eng, sink
+
+
+def _send_and_wait(eng: Engine, deadline_s: float) -> tuple[BaseException | None, float]:
+    def program():
+        yield eng.send(1, 1, 0, memoryview(bytes(100)))
+
+    t0 = time.monotonic()
+    job = eng.submit("send", program(), deadline_s, ordered=False)
+    assert job.event.wait(deadline_s * 2 + 10)
+    return job.error, time.monotonic() - t0
+
+
+def test_the_retry_limit_fails_a_peer_that_stops_acking() -> None:
+    eng, sink = _silent_peer(retry_limit=3, peer_timeout_s=None)
+    try:
+        eng.start()
+        err, took = _send_and_wait(eng, deadline_s=30.0)
+        assert isinstance(err, PeerDeadError) and err.peer == 1, err
+        assert "3 retransmissions" in str(err)
+        assert eng.stats["timeouts"] == 4  # the 4th expiry fails the queue pair
+        assert took < 2.0, took  # 10 + 20 + 40 + 80 ms of timer
+    finally:
+        eng.stop()
+        sink.close()
+
+
+def test_the_peer_timeout_fails_a_peer_that_stops_acking() -> None:
+    eng, sink = _silent_peer(retry_limit=None, peer_timeout_s=0.3)
+    try:
+        eng.start()
+        err, took = _send_and_wait(eng, deadline_s=30.0)
+        assert isinstance(err, PeerDeadError) and err.peer == 1 and err.ranks == [1], err
+        assert "unACKed" in str(err) and "rank 1 is dead" in str(err)
+        assert 0.3 <= took < 2.0, took
+        again, _ = _send_and_wait(eng, deadline_s=30.0)  # later calls name it too
+        assert isinstance(again, PeerDeadError) and again.peer == 1, again
+    finally:
+        eng.stop()
+        sink.close()
+
+
+def test_a_timeout_without_liveness_names_the_silent_peer() -> None:
+    # No retry limit, no peer timeout: the deadline alone, naming whose ACKs are owed.
+    eng, sink = _silent_peer(retry_limit=None, peer_timeout_s=None)
+    try:
+        eng.start()
+        err, _ = _send_and_wait(eng, deadline_s=0.3)
+        assert isinstance(err, RanksTimeoutError) and err.ranks == [1], err
+        assert "rank 1 (ACKs" in str(err)
+    finally:
+        eng.stop()
+        sink.close()
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, float("inf"), True, "1"])
+def test_peer_timeout_must_be_positive_seconds_or_none(bad) -> None:
+    from fpgaccl.errors import InvalidArgumentError
+    with pytest.raises(InvalidArgumentError) as e:
+        Engine(0, "127.77.42.1", peer_timeout_s=bad)
+    assert e.value.argument == "peer_timeout_s"
+    assert PEER_TIMEOUT_S <= 1.5
