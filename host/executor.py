@@ -64,6 +64,7 @@ space only.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections import deque
 from collections.abc import Generator, Sequence
@@ -351,8 +352,12 @@ class SignatureCheck:
         if theirs.digest != self.mine.digest:
             self.error = _mismatch(theirs, self.mine)
             note = memoryview(buf.tobytes() + self.mine.pack())
-            for p in sorted(self.software):
-                self.engine.send(p, self.coll_id, STEP_MISMATCH, note)
+            sent = [self.engine.send(p, self.coll_id, STEP_MISMATCH, note)
+                    for p in sorted(self.software)]
+            # Leave only once every rank has the notice: a rank that exits at once would
+            # leave the others to time out instead of raising this error.
+            with contextlib.suppress(Exception):
+                yield sent
             raise self.error
 
     def close(self) -> None:
