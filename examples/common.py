@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
 
 def start(ap: argparse.ArgumentParser) -> argparse.Namespace:
@@ -27,3 +28,27 @@ def save(args: argparse.Namespace, results: dict[str, Any]) -> None:
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         torch.save(results, os.path.join(args.out, f"rank{dist.get_rank()}.pt"))
+
+
+def mlp_task(seed: int) -> tuple[nn.Module, torch.Tensor, torch.Generator]:
+    """The training examples' MLP and teacher (the same on every rank, from ``seed``) and
+    this rank's batch generator (its own shard of the data)."""
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(32, 128), nn.GELU(), nn.Linear(128, 128), nn.GELU(),
+                          nn.Linear(128, 1))
+    teacher = torch.randn(32, 1)
+    data = torch.Generator().manual_seed(seed * 1000 + dist.get_rank() + 1)
+    return model, teacher, data
+
+
+def mlp_batch(teacher: torch.Tensor, data: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    x = torch.randn(64, 32, generator=data)
+    return x, torch.sin(x @ teacher / 32**0.5)  # a smooth target the MLP can learn
+
+
+def mean_loss(loss: torch.Tensor) -> float:
+    """The mean of the ranks' losses: what the whole batch saw (rank 0 prints it)."""
+    mean = loss.detach().clone()
+    dist.all_reduce(mean)
+    mean /= dist.get_world_size()
+    return mean.item()

@@ -14,7 +14,7 @@ import argparse
 
 import torch
 import torch.distributed as dist
-from common import save, start
+from common import mean_loss, mlp_batch, mlp_task, save, start
 from torch import nn
 
 
@@ -23,29 +23,20 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--seed", type=int, default=0)
     args = start(ap)
-    rank, world = dist.get_rank(), dist.get_world_size()
+    rank = dist.get_rank()
 
-    torch.manual_seed(args.seed)  # the same model on every rank
-    model = nn.Sequential(nn.Linear(32, 128), nn.GELU(), nn.Linear(128, 128), nn.GELU(),
-                          nn.Linear(128, 1))
-    teacher = torch.randn(32, 1)
+    model, teacher, data = mlp_task(args.seed)
     ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.05)
     opt = torch.optim.Adam(ddp.parameters(), lr=3e-3)
-    data = torch.Generator().manual_seed(args.seed * 1000 + rank + 1)  # each rank its shard
 
     losses, params = [], []
     for step in range(args.steps):
-        x = torch.randn(64, 32, generator=data)
-        y = torch.sin(x @ teacher / 32**0.5)  # a smooth target the MLP can learn
+        x, y = mlp_batch(teacher, data)
         loss = nn.functional.mse_loss(ddp(x), y)
         opt.zero_grad()
         loss.backward()
         opt.step()
-        # the mean of the ranks' losses: what the whole batch saw
-        mean = loss.detach().clone()
-        dist.all_reduce(mean)
-        mean /= world
-        losses.append(mean.item())
+        losses.append(mean_loss(loss))
         if args.out:
             params.append(torch.cat([p.detach().reshape(-1) for p in model.parameters()]))
         if rank == 0:
