@@ -73,11 +73,15 @@ def run(args: argparse.Namespace, backend: str) -> dict:
                "--steps", str(args.steps), "--warmup", str(args.warmup),
                "--hidden", str(args.hidden), "--batch", str(args.batch),
                "--bucket-mb", str(args.bucket_mb)]
+        # the 1-minute load average around each run: on a shared machine it says how far
+        # the run's time is the machine's rather than the backend's
+        before = os.getloadavg()[0]
         proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
         if proc.returncode:
             sys.exit(f"{backend} failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
         with open(result) as f:
-            return {"backend": backend, "loadavg": os.getloadavg()[0], **json.load(f)}
+            return {"backend": backend, "loadavg_before": before,
+                    "loadavg": os.getloadavg()[0], **json.load(f)}
 
 
 def main() -> None:
@@ -109,8 +113,10 @@ def main() -> None:
     per_round = [next(x["step_s"] for x in runs if x["round"] == r and x["backend"] == "gloo")
                  / next(x["step_s"] for x in runs if x["round"] == r and x["backend"] == "fpgaccl")
                  for r in range(args.rounds)]
+    loads = [x[k] for x in runs for k in ("loadavg_before", "loadavg")]
     summary = {"median_step_s": med, "speedup_vs_gloo": med["gloo"] / med["fpgaccl"],
-               "median_round_speedup": statistics.median(per_round)}
+               "median_round_speedup": statistics.median(per_round),
+               "loadavg_range": [min(loads), max(loads)], "cores": os.cpu_count()}
     print(f"fpgaccl {med['fpgaccl'] * 1e3:.2f} ms/step, gloo {med['gloo'] * 1e3:.2f} ms/step: "
           f"{summary['speedup_vs_gloo']:.2f}x (rounds' median "
           f"{summary['median_round_speedup']:.2f}x)")

@@ -12,6 +12,7 @@ cannot do raises a typed :mod:`fpgaccl.errors` exception naming the argument.
 from __future__ import annotations
 
 import atexit
+import itertools
 import os
 import queue
 import socket
@@ -316,9 +317,27 @@ class ProcessGroupFpgaccl(dist.ProcessGroup):
         super().__init__(rank, size)
         self.comm, self._completer = _Shared.acquire(store, rank, size, timeout)
         self._open = True
+        self._group_name = self._group_desc = ""
 
     def getBackendName(self) -> str:
         return BACKEND_NAME
+
+    # torch stores a group's name and description in the backends registered under it, and
+    # a Python group has none, so the base class's properties raise (DeviceMesh, FSDP2 and
+    # functional collectives read group_name): keep them here.
+    def _set_group_name(self, name: str) -> None:
+        self._group_name = name
+
+    @property
+    def group_name(self) -> str:
+        return self._group_name
+
+    def _set_group_desc(self, desc: str) -> None:
+        self._group_desc = desc
+
+    @property
+    def group_desc(self) -> str:
+        return self._group_desc
 
     def __repr__(self) -> str:
         return f"ProcessGroupFpgaccl(rank={self.rank()}, size={self.size()})"
@@ -584,20 +603,87 @@ class ProcessGroupFpgaccl(dist.ProcessGroup):
         raise UnsupportedError(argument, f"{call} is not supported by the fpgaccl backend; "
                                "issue the calls one by one")
 
-    def allreduce_coalesced(self, tensors: Any, opts: Any = None) -> FpgacclWork:
-        return self._unsupported("allreduce_coalesced", "tensors")
-
     def allgather_coalesced(self, output_lists: Any, input_list: Any,
                             opts: Any = None) -> FpgacclWork:
         return self._unsupported("allgather_coalesced", "input_tensor_list")
 
-    def allgather_into_tensor_coalesced(self, outputs: Any, inputs: Any,
-                                        opts: Any = None) -> FpgacclWork:
-        return self._unsupported("allgather_into_tensor_coalesced", "input_tensors")
+    # The coalesced calls are one collective over a flat buffer: torch's functional
+    # collectives (DTensor, FSDP2's full_tensor) issue even a single all-gather this way.
+    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> FpgacclWork:
+        opts = opts or dist.AllreduceCoalescedOptions()
+        op = _op(opts, "allreduce_coalesced")
+        flat = _flat_cat(tensors, "tensors")
+        h = self.comm.allreduce(as_array(flat, "tensors"), op=op, async_op=True)
 
-    def reduce_scatter_tensor_coalesced(self, outputs: Any, inputs: Any,
+        def finish() -> list[torch.Tensor]:
+            self._reduced(flat, _is_avg(opts))
+            _unpack(flat, tensors)
+            return tensors
+
+        return self._post([h], finish, "allreduce_coalesced")
+
+    def allgather_into_tensor_coalesced(self, outputs: list[torch.Tensor],
+                                        inputs: list[torch.Tensor],
                                         opts: Any = None) -> FpgacclWork:
-        return self._unsupported("reduce_scatter_tensor_coalesced", "input_tensors")
+        self._check_pairs(outputs, inputs, "output_tensors", "input_tensors")
+        flat_in = _flat_cat(inputs, "input_tensors")
+        # rank r's block holds its inputs end to end: output k takes its slice of every block
+        flat_out = torch.empty(self.size() * flat_in.numel(), dtype=flat_in.dtype)
+        h = self.comm.allgather(as_array(flat_in, "input_tensors"),
+                                as_array(flat_out, "output_tensors"), async_op=True)
+
+        def finish() -> list[torch.Tensor]:
+            blocks = flat_out.view(self.size(), -1)
+            parts = [blocks[:, a:b] for a, b in self._spans(inputs)]
+            _unpack(torch.cat([part.reshape(-1) for part in parts]), outputs)
+            return outputs
+
+        return self._post([h], finish, "allgather_into_tensor_coalesced")
+
+    all_gather_single_coalesced = allgather_into_tensor_coalesced
+
+    def reduce_scatter_tensor_coalesced(self, outputs: list[torch.Tensor],
+                                        inputs: list[torch.Tensor],
+                                        opts: Any = None) -> FpgacclWork:
+        opts = opts or dist.ReduceScatterOptions()
+        op = _op(opts, "reduce_scatter_tensor_coalesced")
+        self._check_pairs(inputs, outputs, "input_tensors", "output_tensors")
+        # rank r's block: its chunk of every input, so output k is a slice of the result
+        chunks = [t.detach().reshape(self.size(), -1) for t in inputs]
+        flat_in = torch.cat(chunks, dim=1).reshape(-1)
+        flat_out = torch.empty(flat_in.numel() // self.size(), dtype=flat_in.dtype)
+        h = self.comm.reduce_scatter(as_array(flat_in, "input_tensors"),
+                                     as_array(flat_out, "output_tensors"), op=op, async_op=True)
+
+        def finish() -> list[torch.Tensor]:
+            self._reduced(flat_out, _is_avg(opts))
+            _unpack(flat_out, outputs)
+            return outputs
+
+        return self._post([h], finish, "reduce_scatter_tensor_coalesced")
+
+    reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
+
+    def _check_pairs(self, big: Sequence[torch.Tensor], small: Sequence[torch.Tensor],
+                     big_name: str, small_name: str) -> None:
+        """``big[k]`` holds world_size times ``small[k]``'s elements, all of one dtype."""
+        if len(big) != len(small):
+            raise InvalidArgumentError(big_name, f"{len(big)} tensors, {small_name} has "
+                                       f"{len(small)}")
+        for k, (b, s) in enumerate(zip(big, small, strict=True)):
+            check_tensor(b, f"{big_name}[{k}]")
+            check_tensor(s, f"{small_name}[{k}]")
+            if b.numel() != self.size() * s.numel() or b.dtype != s.dtype:
+                raise InvalidArgumentError(f"{big_name}[{k}]", f"{b.numel()} x {b.dtype}, "
+                                           f"expected world_size x {s.numel()} x {s.dtype}")
+        if len({t.dtype for t in big}) > 1:
+            raise InvalidArgumentError(big_name, "tensors of different dtypes: the fpgaccl "
+                                       "backend coalesces one dtype per call")
+
+    @staticmethod
+    def _spans(tensors: Sequence[torch.Tensor]) -> list[tuple[int, int]]:
+        ends = np.cumsum([0] + [t.numel() for t in tensors]).tolist()
+        return list(itertools.pairwise(ends))
 
     # ------------------------------------------------------------------ leaving
     def shutdown(self) -> None:

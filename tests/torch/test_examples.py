@@ -1,5 +1,5 @@
-"""examples/ddp_train.py (and moe_layer.py) on fpgaccl against Gloo from the same seed,
-launched the three ways a user would: ``fpgaccl run``, torchrun and plain env://."""
+"""examples/ddp_train.py (and fsdp_train.py, moe_layer.py) on fpgaccl against Gloo from the
+same seed, launched the three ways a user would: ``fpgaccl run``, torchrun and plain env://."""
 
 from __future__ import annotations
 
@@ -71,3 +71,19 @@ def test_moe_layer_bit_identical_to_gloo(tmp_path: Path) -> None:
         assert mine[r]["grads"].keys() == gloo[r]["grads"].keys()
         for name, g in mine[r]["grads"].items():
             assert same_bits(g, gloo[r]["grads"][name]), (r, name)
+
+
+def test_fsdp_train_bit_identical_to_gloo(tmp_path: Path) -> None:
+    """FSDP2 (fully_shard) at 2 ranks: its all-gathers move bits and a reduce-scatter of two
+    addends is one commutative add, so losses and full parameters equal Gloo's bits."""
+    steps, p = 3, 2
+    script = [sys.executable, "examples/fsdp_train.py", "--steps", str(steps)]
+    for backend in ("fpgaccl", "gloo"):
+        run_ranks([*script, "--backend", backend, "--out", str(tmp_path / backend)], p)
+    mine, gloo = load(tmp_path / "fpgaccl", p), load(tmp_path / "gloo", p)
+    assert mine[0]["losses"] == gloo[0]["losses"]
+    assert mine[0]["losses"][-1] < mine[0]["losses"][0]
+    for r in range(p):
+        assert len(mine[r]["params"]) == steps
+        for s in range(steps):
+            assert same_bits(mine[r]["params"][s], gloo[r]["params"][s]), (r, s)

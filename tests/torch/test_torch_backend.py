@@ -171,6 +171,19 @@ def test_reduce_scatter(world) -> None:
                                    rtol=1e-12, atol=0)
 
 
+def test_coalesced(world) -> None:
+    p, res = world
+    for k, n in enumerate((5, 1, 2 * N)):
+        total = reference(inputs(p, f"arc{k}", torch.int32, n), "sum")
+        gathered = inputs(p, f"agc{k}", torch.float32, n).reshape(-1)
+        avg = reference(inputs(p, f"rsc{k}", torch.float64, p * n), "avg")
+        for r in range(p):
+            assert torch.equal(res[r]["allreduce_coalesced"][k], total), (k, r)
+            assert same_bits(res[r]["all_gather_coalesced"][k], gathered), (k, r)
+            torch.testing.assert_close(res[r]["reduce_scatter_coalesced_avg"][k],
+                                       avg[r * n:(r + 1) * n], rtol=1e-12, atol=0)
+
+
 def test_all_to_all(world) -> None:
     p, res = world
     blocks = [make_input(j, "a2a", torch.int32, p * N).chunk(p) for j in range(p)]
@@ -234,7 +247,7 @@ def test_groups_and_typed_errors(world) -> None:
         assert res[r]["tag"] == ("UnsupportedError", "tag")
         assert res[r]["bool"] == ("UnsupportedError", "tensors")
         assert res[r]["uint16"] == ("UnsupportedError", "tensors")
-        assert res[r]["coalesced"] == ("UnsupportedError", "tensors")
+        assert res[r]["coalesced"] == ("UnsupportedError", "input_tensor_list")
     # new_group([0]): rank 0 is the member that would need a sub-communicator
     assert res[0]["new_group_subset"] == ("UnsupportedError", "ranks")
 

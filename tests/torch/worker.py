@@ -84,6 +84,26 @@ def collectives(rank: int, p: int) -> dict[str, Any]:
     dist.reduce_scatter(res, list(t.chunk(p)))
     out["reduce_scatter"] = res
 
+    # Coalesced (as FSDP2 and DTensor issue them): tensors of several sizes, one collective.
+    sizes = (5, 1, 2 * N)
+    ts = [make_input(rank, f"arc{k}", torch.int32, n) for k, n in enumerate(sizes)]
+    with dist._coalescing_manager():
+        for t in ts:
+            dist.all_reduce(t)
+    out["allreduce_coalesced"] = ts
+    ins = [make_input(rank, f"agc{k}", torch.float32, n) for k, n in enumerate(sizes)]
+    outs = [torch.empty(p * n) for n in sizes]
+    with dist._coalescing_manager():
+        for o, i in zip(outs, ins, strict=True):
+            dist.all_gather_into_tensor(o, i)
+    out["all_gather_coalesced"] = outs
+    ins = [make_input(rank, f"rsc{k}", torch.float64, p * n) for k, n in enumerate(sizes)]
+    outs = [torch.empty(n, dtype=torch.float64) for n in sizes]
+    with dist._coalescing_manager():
+        for o, i in zip(outs, ins, strict=True):
+            dist.reduce_scatter_tensor(o, i, op=dist.ReduceOp.AVG)
+    out["reduce_scatter_coalesced_avg"] = outs
+
     t = make_input(rank, "a2a", torch.int32, p * N)
     res = torch.empty_like(t)
     dist.all_to_all_single(res, t)
@@ -159,7 +179,8 @@ def collectives(rank: int, p: int) -> dict[str, Any]:
     out["tag"] = _error(lambda: dist.send(torch.ones(1), (rank + 1) % p, tag=7))
     out["bool"] = _error(lambda: dist.all_reduce(torch.ones(2, dtype=torch.bool)))
     out["uint16"] = _error(lambda: dist.broadcast(torch.ones(2, dtype=torch.uint16), 0))
-    out["coalesced"] = _error(lambda: dist.all_reduce_coalesced([torch.ones(2)]))
+    out["coalesced"] = _error(lambda: dist.all_gather_coalesced([[torch.ones(2)] * p],
+                                                                [torch.ones(2)]))
     dist.barrier()
     return out
 
