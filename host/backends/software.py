@@ -121,6 +121,10 @@ class SoftwareBackend:
         # socket buffer to absorb one).
         if all(t.get("backend") == "software" for t in table):
             engine.window = max(engine.window, SOFTWARE_WINDOW_BYTES // engine.mtu)
+        else:
+            # A simulated node's clock runs far slower than the wall clock: its silence
+            # says nothing of its liveness (the deadline still bounds a call's waits).
+            engine.peer_timeout_s = None
         peers = [(int(t["rcvbuf"]), bool(t.get("gro")), bool(t.get("rx_per_peer")))
                  for p, t in enumerate(table) if p != rank and "rcvbuf" in t]
         smallest = min((b for b, _, _ in peers), default=0)
