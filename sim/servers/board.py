@@ -20,12 +20,11 @@ Messages: the ``>II`` + JSON header + payload frames of :mod:`fpgaccl.proto.fram
 
 from __future__ import annotations
 
-from cocotb.triggers import ClockCycles, Event
+from cocotb.triggers import ClockCycles
 
 from fpgaccl.proto.regmap import ENGINE_ID
 from fpgaccl.sim.hdl.switch import node_ip, node_mac
 from fpgaccl.sim.models.gpu import VA_BASE
-from fpgaccl.sim.tb.dma_harness import _CsrOp
 from fpgaccl.sim.tb.dma_node_tb import TB
 from fpgaccl.sim.tb.dma_node_top import PARAMS
 
@@ -48,9 +47,7 @@ class BoardServer:
         self.csr_ops = 0
 
     async def _csr(self, node: int, addr: int, value: int | None) -> int:
-        op = _CsrOp(addr, value, "host", Event())
-        self.tb.csr_q.append((node, op))
-        await op.done.wait()
+        op = await self.tb.csr.access(addr, value, node=node)
         self.csr_ops += 1
         return op.result
 

@@ -92,6 +92,69 @@ class _CsrOp:
     cycle: int = 0
 
 
+class CsrBus:
+    """The CSR strobe bus, one access at a time. ``r_data`` is registered: a read's word
+    is sampled at the falling edge after its ``r_stb`` edge. With ``steered`` the bus
+    drives ``sel`` with each access's node (a DUT holding several nodes)."""
+
+    def __init__(self, dut, *, steered: bool = False) -> None:
+        self.dut = dut
+        self.steered = steered
+        self.queue: deque[tuple[int, _CsrOp]] = deque()
+        self.pending: _CsrOp | None = None
+        self.log: list[_CsrOp] = []
+        self._rdata = 0
+        dut.csr__w_stb.value = 0
+        dut.csr__r_stb.value = 0
+
+    async def access(self, addr: int, value: int | None, *, who: str = "host",
+                     node: int = 0) -> _CsrOp:
+        op = _CsrOp(addr, value, who, cocotb.triggers.Event())
+        self.queue.append((node, op))
+        await op.done.wait()
+        return op
+
+    def sample(self) -> None:
+        """At the falling edge."""
+        if self.pending is not None:
+            self._rdata = _u(self.dut.csr__r_data)
+
+    def step(self, cycle: int) -> None:
+        """Just after the rising edge."""
+        dut = self.dut
+        if self.pending is not None and cycle > self.pending.cycle + 1:
+            op, self.pending = self.pending, None
+            op.result = self._rdata
+            op.done.set()
+        elif self.pending is not None:
+            return
+        dut.csr__w_stb.value = 0
+        dut.csr__r_stb.value = 0
+        if self.queue:
+            node, op = self.queue.popleft()
+            op.cycle = cycle
+            if self.steered:
+                dut.sel.value = node
+            dut.csr__addr.value = op.addr
+            if op.value is None:
+                dut.csr__r_stb.value = 1
+                self.pending = op
+            else:
+                dut.csr__w_data.value = op.value
+                dut.csr__w_stb.value = 1
+                op.done.set()
+            self.log.append(op)
+
+
+async def reset_then(dut, loop) -> None:
+    """Hold reset three cycles, release it, then start the bench's per-cycle ``loop``."""
+    dut.rst.value = 1
+    await ClockCycles(dut.clk, 3)
+    dut.rst.value = 0
+    await ClockCycles(dut.clk, 1)
+    cocotb.start_soon(loop())
+
+
 class TB:
     def __init__(self, dut, *, width: int, stall: float = 0.0, seed: int = 0,
                  host_kw: dict | None = None, gpu_kw: dict | None = None,
@@ -105,26 +168,18 @@ class TB:
         self.gpu = GpuMemory(width, pages=gpu_pages, stall=stall, seed=seed + 2,
                              **(gpu_kw or {}))
         self.ports = [AxiPort(dut, "host", self.host), AxiPort(dut, "gpu", self.gpu)]
-        self.csr_q: deque[_CsrOp] = deque()
-        self.csr_read: _CsrOp | None = None
-        self.csr_log: list[_CsrOp] = []
+        self.csr = CsrBus(dut)
         self.work_latency = 50
         self.work_log: list[tuple[int, dict]] = []
         self._work_due: deque[tuple[int, dict]] = deque()
         self.kernels: list[GpuKernel] = []
         self.cycle = 0
-        dut.csr__w_stb.value = 0
-        dut.csr__r_stb.value = 0
         dut.work__ready.value = 1
         dut.work_done__valid.value = 0
 
     # -- clocking --------------------------------------------------------------
     async def reset(self) -> None:
-        self.dut.rst.value = 1
-        await ClockCycles(self.dut.clk, 3)
-        self.dut.rst.value = 0
-        await ClockCycles(self.dut.clk, 1)
-        cocotb.start_soon(self._loop())
+        await reset_then(self.dut, self._loop)
 
     async def _loop(self) -> None:
         dut = self.dut
@@ -137,40 +192,15 @@ class TB:
             if dut.work__valid.value:
                 work = unpack(WQE, _u(dut.work__payload))
             done_taken = bool(dut.work_done__valid.value and dut.work_done__ready.value)
-            if self.csr_read is not None:
-                self._rdata = _u(dut.csr__r_data)
+            self.csr.sample()
             await re
             self.cycle += 1
             for p in self.ports:
                 p.step(self.cycle)
-            self._csr_step()
+            self.csr.step(self.cycle)
             self._work_step(work, done_taken)
             for k in self.kernels:
                 k.poll(self.cycle)
-
-    def _csr_step(self) -> None:
-        dut = self.dut
-        if self.csr_read is not None and self.cycle > self.csr_read.cycle + 1:
-            # r_data is registered: sampled at the falling edge after the r_stb edge.
-            op, self.csr_read = self.csr_read, None
-            op.result = self._rdata
-            op.done.set()
-        elif self.csr_read is not None:
-            return
-        dut.csr__w_stb.value = 0
-        dut.csr__r_stb.value = 0
-        if self.csr_q:
-            op = self.csr_q.popleft()
-            op.cycle = self.cycle
-            dut.csr__addr.value = op.addr
-            if op.value is None:
-                dut.csr__r_stb.value = 1
-                self.csr_read = op
-            else:
-                dut.csr__w_data.value = op.value
-                dut.csr__w_stb.value = 1
-                op.done.set()
-            self.csr_log.append(op)
 
     def _work_step(self, work, done_taken: bool) -> None:
         """Stand-in for the node: a WORK entry is done ``work_latency`` cycles later."""
@@ -191,16 +221,10 @@ class TB:
         block, reg = path.split(".")
         if fields:
             value = self.rmap[block][reg].encode(**fields)
-        op = _CsrOp(self.rmap.address(path, copy), value, who, cocotb.triggers.Event())
-        self.csr_q.append(op)
-        await op.done.wait()
-        return op
+        return await self.csr.access(self.rmap.address(path, copy), value, who=who)
 
     async def csr_read_reg(self, path: str, copy: int = 0) -> int:
-        op = _CsrOp(self.rmap.address(path, copy), None, "host", cocotb.triggers.Event())
-        self.csr_q.append(op)
-        await op.done.wait()
-        return op.result
+        return (await self.csr.access(self.rmap.address(path, copy), None)).result
 
     async def wait_cycles(self, n: int) -> None:
         await ClockCycles(self.dut.clk, n)

@@ -5,16 +5,13 @@ and the simulated board's server."""
 
 from __future__ import annotations
 
-from collections import deque
-
-import cocotb
 from cocotb.clock import Clock
 from cocotb.triggers import ClockCycles, FallingEdge, RisingEdge
 
 from fpgaccl.sim import bench_params
 from fpgaccl.sim.models.gpu import GpuKernel, GpuMemory
 from fpgaccl.sim.models.host_memory import HostMemory
-from fpgaccl.sim.tb.dma_harness import CLK_NS, AxiPort, _CsrOp
+from fpgaccl.sim.tb.dma_harness import CLK_NS, AxiPort, CsrBus, _CsrOp, reset_then
 from fpgaccl.sim.tb.dma_node_top import PARAMS
 
 
@@ -32,20 +29,13 @@ class TB:
                      for k in range(2)]
         self.ports = [AxiPort(dut, f"{kind}{k}", mem) for k in range(2)
                       for kind, mem in (("host", self.hosts[k]), ("gpu", self.gpus[k]))]
-        self.csr_q: deque[tuple[int, _CsrOp]] = deque()
-        self.csr_read: _CsrOp | None = None
+        self.csr = CsrBus(dut, steered=True)
         self.kernels: list[GpuKernel] = []
         self.tx_sops: list[list[int]] = [[], []]
         self.cycle = 0
-        dut.csr__w_stb.value = 0
-        dut.csr__r_stb.value = 0
 
     async def reset(self) -> None:
-        self.dut.rst.value = 1
-        await ClockCycles(self.dut.clk, 3)
-        self.dut.rst.value = 0
-        await ClockCycles(self.dut.clk, 1)
-        cocotb.start_soon(self._loop())
+        await reset_then(self.dut, self._loop)
 
     async def _loop(self) -> None:
         dut = self.dut
@@ -55,8 +45,7 @@ class TB:
             for p in self.ports:
                 p.sample()
             sop = dut.tx_sop.value.to_unsigned()
-            if self.csr_read is not None:
-                self._rdata = dut.csr__r_data.value.to_unsigned()
+            self.csr.sample()
             await re
             self.cycle += 1
             for k in range(2):
@@ -64,32 +53,9 @@ class TB:
                     self.tx_sops[k].append(self.cycle)
             for p in self.ports:
                 p.step(self.cycle)
-            self._csr_step()
+            self.csr.step(self.cycle)
             for kern in self.kernels:
                 kern.poll(self.cycle)
-
-    def _csr_step(self) -> None:
-        dut = self.dut
-        if self.csr_read is not None and self.cycle > self.csr_read.cycle + 1:
-            op, self.csr_read = self.csr_read, None
-            op.result = self._rdata
-            op.done.set()
-        elif self.csr_read is not None:
-            return
-        dut.csr__w_stb.value = 0
-        dut.csr__r_stb.value = 0
-        if self.csr_q:
-            node, op = self.csr_q.popleft()
-            op.cycle = self.cycle
-            dut.sel.value = node
-            dut.csr__addr.value = op.addr
-            if op.value is None:
-                dut.csr__r_stb.value = 1
-                self.csr_read = op
-            else:
-                dut.csr__w_data.value = op.value
-                dut.csr__w_stb.value = 1
-                op.done.set()
 
     async def wait_cycles(self, n: int) -> None:
         await ClockCycles(self.dut.clk, n)
@@ -107,10 +73,7 @@ class NodeView:
         self.rmap, self.host, self.gpu = tb.rmap, tb.hosts[k], tb.gpus[k]
 
     async def write_raw(self, addr: int, value: int, who: str = "host") -> _CsrOp:
-        op = _CsrOp(addr, value, who, cocotb.triggers.Event())
-        self.tb.csr_q.append((self.k, op))
-        await op.done.wait()
-        return op
+        return await self.tb.csr.access(addr, value, who=who, node=self.k)
 
     async def csr_write(self, path: str, value: int = 0, copy: int = 0, *,
                         who: str = "host", **fields: int) -> _CsrOp:
@@ -120,10 +83,8 @@ class NodeView:
         return await self.write_raw(self.rmap.address(path, copy), value, who)
 
     async def csr_read_reg(self, path: str, copy: int = 0) -> int:
-        op = _CsrOp(self.rmap.address(path, copy), None, "host", cocotb.triggers.Event())
-        self.tb.csr_q.append((self.k, op))
-        await op.done.wait()
-        return op.result
+        return (await self.tb.csr.access(self.rmap.address(path, copy), None,
+                                         node=self.k)).result
 
     async def wait_cycles(self, n: int) -> None:
         await self.tb.wait_cycles(n)
