@@ -323,7 +323,7 @@ class Communicator:
                          put_out, out, check_lengths, sig)
         return self._handle(self.impl.run(run, self.deadline_s), result, keep, async_op,
                             {"seq": call, "name": name, "count": m, "dtype": dtype.name,
-                             "op": rop.name if rop else None, "root": root,
+                             "op": rop.name if rop is not None else None, "root": root,
                              "algo": "/".join(map(str, algo)) or None, "tag": tagv})
 
     def _gather_in(self, full: np.ndarray, m: int, blocks: int, whole: bool) -> Any:

@@ -27,6 +27,11 @@ FLIGHT_DIR_ENV = "FPGACCL_FLIGHT_DIR"
 DEFAULT_ENTRIES = 64
 """Calls each communicator remembers (FPGACCL_FLIGHT_ENTRIES overrides)."""
 
+FIELDS = ("seq", "name", "count", "dtype", "op", "root", "algo", "tag", "peer")
+"""What an entry says of its call (None where it does not apply), beside ``start``,
+``end``, ``state`` and ``error``. ``seq``: the call's number in its communicator (for
+``send``/``recv``: in the direction to or from ``peer``)."""
+_NO_FIELDS = dict.fromkeys(FIELDS)
 _live: weakref.WeakSet[FlightRecorder] = weakref.WeakSet()
 _atexit_lock = threading.Lock()
 _atexit_armed = False
@@ -68,8 +73,8 @@ class Entry:
         self.job = None
 
     def as_dict(self) -> dict[str, Any]:
-        return {**self.fields, "start": self.start, "end": self.end, "state": self.state,
-                "error": self.error}
+        return {**_NO_FIELDS, **self.fields, "start": self.start, "end": self.end,
+                "state": self.state, "error": self.error}
 
 
 class FlightRecorder:
@@ -184,4 +189,34 @@ def report(records: dict[int, dict[str, Any]], world_size: int, last: int = 8) -
             lines.append(f"  rank {rank} {comm['communicator']} (rank {comm['rank']} of "
                          f"{comm['world_size']}): {len(comm['entries'])} call(s)")
             lines.extend(f"    {_describe(e, t0)}" for e in entries)
+    lines.extend(_first_difference(records))
     return "\n".join(lines)
+
+
+def _what(e: dict[str, Any]) -> str:
+    keys = ("name", "count", "dtype", "op", "root", "algo", "tag")
+    return " ".join(str(e.get(k)) for k in keys if e.get(k) is not None)
+
+
+def _first_difference(records: dict[int, dict[str, Any]]) -> list[str]:
+    """Per communicator, the first call number at which the ranks that recorded it
+    disagree on what the call was: the usual cause of a hang."""
+    calls: dict[str, dict[int, dict[int, str]]] = {}  # label -> seq -> rank -> what
+    for rank, data in records.items():
+        for comm in data["communicators"]:
+            for e in comm["entries"]:
+                if e.get("name") not in ("send", "recv"):  # their seq is per peer
+                    calls.setdefault(comm["communicator"], {}).setdefault(
+                        e["seq"], {})[rank] = _what(e)
+    out = []
+    for label, by_seq in sorted(calls.items()):
+        for seq in sorted(by_seq):
+            seen = by_seq[seq]
+            if len(set(seen.values())) > 1:
+                groups: dict[str, list[int]] = {}
+                for rank, what in sorted(seen.items()):
+                    groups.setdefault(what, []).append(rank)
+                out.append(f"  {label}: the ranks' call #{seq} differs: " + "; ".join(
+                    f"{what} on rank(s) {ranks}" for what, ranks in groups.items()))
+                break
+    return out

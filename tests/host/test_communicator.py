@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import threading
+import time
+
 import numpy as np
 
+from fpgaccl.errors import AbortedError
 from fpgaccl.host import Communicator
 from fpgaccl.host.backends.base import Finished
 
@@ -140,3 +144,84 @@ def test_overlapping_sub_communicators_in_opposite_orders_complete_bit_exact() -
                 assert got["a"] == want_a and got["ag"] == want_ag, (i, r)
             if r in (1, 2, 3):
                 assert got["b"] == want_b, (i, r)
+
+
+def _loopback_port(comm) -> int:
+    # A local rank's engine binds 127.<port >> 8>.<port & 255>.<rank + 1> (rendezvous.py).
+    _, hi, lo, _ = comm.impl.engine.addr[0].split(".")
+    return int(hi) << 8 | int(lo)
+
+
+def _abort_then_rebuild(comm) -> dict:
+    port = _loopback_port(comm)
+    out: dict = {}
+    if comm.rank == 0:
+        # Three calls rank 1 never makes: only abort() can end them before the deadline.
+        handles = [comm.allreduce(np.ones(100, np.float32), async_op=True) for _ in range(3)]
+        t0 = time.monotonic()
+        threading.Timer(0.3, comm.abort).start()
+        errors = []
+        for h in handles:
+            try:
+                h.wait()
+            except AbortedError as e:
+                errors.append(e.operation)
+        out["waited_s"] = time.monotonic() - t0
+        out["errors"] = errors
+        out["record"] = [(e["seq"], e["state"], (e["error"] or "").split(":")[0])
+                         for e in comm.flight_record()]
+    else:
+        time.sleep(0.6)
+        comm.abort()  # nothing pending here: it only frees the ports
+    try:
+        comm.allreduce(np.ones(4, np.float32))
+    except AbortedError:
+        out["later"] = "AbortedError"
+    comm.close()  # a no-op after abort
+    # The same address and port 4791 again, and a new rendezvous on the same TCP port:
+    # only possible if abort() gave them back.
+    with Communicator(comm.rank, 2, master_port=port, deadline_s=10) as again:
+        out["again"] = again.allreduce(np.full(4, comm.rank + 1, np.float32)).tolist()
+        out["same_address"] = again.impl.engine.addr == comm.impl.engine.addr
+    return out
+
+
+def test_abort_fails_every_pending_call_at_once_and_a_new_world_forms() -> None:
+    res = all_ok(run_world(2, _abort_then_rebuild, timeout=90,
+                           comm_kw={"deadline_s": 30}, _close=False))
+    assert res[0]["errors"] == ["allreduce"] * 3
+    assert res[0]["waited_s"] < 5, res[0]  # not the 30 s deadline
+    assert res[0]["record"] == [(s, "failed", "AbortedError") for s in (1, 2, 3)]
+    for r in (0, 1):
+        assert res[r]["later"] == "AbortedError"
+        assert res[r]["again"] == [3.0] * 4 and res[r]["same_address"]
+
+
+def _recorded(comm) -> list:
+    x = np.arange(8, dtype=np.int32)
+    comm.allreduce(x.copy(), op="max", tag="t")
+    comm.broadcast(x.copy(), root=1)
+    h = comm.allreduce(x.astype(np.float64), async_op=True)
+    pending = comm.flight_record()[-1]["state"]
+    h.wait()
+    comm.barrier()
+    rec = comm.flight_record()
+    return [pending] + [{k: e[k] for k in ("seq", "name", "count", "dtype", "op", "root",
+                                            "state")} for e in rec] + [
+        all(e["start"] <= e["end"] for e in rec)]
+
+
+def test_the_flight_record_holds_each_calls_signature_and_state() -> None:
+    res = all_ok(run_world(2, _recorded, timeout=60))
+    for got in res:
+        assert got[0] in ("pending", "done")
+        assert got[1:-1] == [
+            {"seq": 1, "name": "allreduce", "count": 8, "dtype": "INT32", "op": "MAX",
+             "root": None, "state": "done"},
+            {"seq": 2, "name": "broadcast", "count": 8, "dtype": "INT32", "op": None,
+             "root": 1, "state": "done"},
+            {"seq": 3, "name": "allreduce", "count": 8, "dtype": "FLOAT64", "op": "SUM",
+             "root": None, "state": "done"},
+            {"seq": 4, "name": "barrier", "count": None, "dtype": None, "op": None,
+             "root": None, "state": "done"}]
+        assert got[-1]
