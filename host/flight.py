@@ -195,7 +195,8 @@ def report(records: dict[int, dict[str, Any]], world_size: int, last: int = 8) -
 
 def _what(e: dict[str, Any]) -> str:
     keys = ("name", "count", "dtype", "op", "root", "algo", "tag")
-    return " ".join(str(e.get(k)) for k in keys if e.get(k) is not None)
+    return " ".join(str(e[k]) for k in keys if e.get(k) is not None
+                    and not (k == "tag" and e[k] == 0))
 
 
 def _first_difference(records: dict[int, dict[str, Any]]) -> list[str]:
