@@ -66,7 +66,8 @@ def _split_basics(comm) -> dict:
         got = np.empty(sub.world_size, np.int64)
         sub.allgather(x, got)
         parent = comm.allreduce(x.copy())  # the parent goes on, beside its child
-        return {"sub": (sub.rank, sub.world_size, sub.label), "total": int(total[0]),
+        return {"sub": (sub.rank, sub.world_size, sub.label, sub.check_calls,
+                        [e["seq"] for e in sub.flight_record()]), "total": int(total[0]),
                 "order": got.tolist(), "parent": int(parent[0]),
                 "ports": (comm.impl.engine.addr, sub.impl.engine.addr)}
     finally:
@@ -74,11 +75,14 @@ def _split_basics(comm) -> dict:
 
 
 def test_split_sizes_ranks_mpi_order_and_no_color() -> None:
-    res = all_ok(run_world(4, _split_basics, timeout=60, _close=False))
+    # With signatures: a sub-communicator checks its calls in a sequence of its own.
+    res = all_ok(run_world(4, _split_basics, timeout=60, _close=False,
+                           comm_kw={"check_calls": True}))
     assert res[3] == {"sub": None, "parent": 10}
     # key = -rank: the higher old rank comes first.
-    assert res[0]["sub"] == (1, 2, "world.split1") and res[2]["sub"] == (0, 2, "world.split1")
-    assert res[1]["sub"] == (0, 1, "world.split1")
+    assert res[0]["sub"] == (1, 2, "world.split1", True, [1, 2])
+    assert res[2]["sub"] == (0, 2, "world.split1", True, [1, 2])
+    assert res[1]["sub"] == (0, 1, "world.split1", True, [1, 2])
     assert res[0]["total"] == res[2]["total"] == 1 + 3 and res[1]["total"] == 2
     assert res[0]["order"] == res[2]["order"] == [3, 1]
     assert [res[r]["parent"] for r in (0, 1, 2)] == [10, 10, 10]
