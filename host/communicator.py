@@ -250,7 +250,7 @@ class Communicator:
 
     # ------------------------------------------------------------------ plumbing
     def _handle(self, job: Pending, result: Any, keep: list[UserBuffer],
-                async_op: bool, fields: dict[str, Any]) -> Any:
+                async_op: bool, fields: tuple) -> Any:
         """Wrap ``job`` in a Handle, and record it in the flight recorder (``fields``:
         what the recorder shows of the call)."""
         flight = self.flight
@@ -263,8 +263,7 @@ class Communicator:
         """Run a host schedule (no sequencer program) as the next collective."""
         coll, call = self._next_coll()
         job = self.impl.schedule(name, body, coll, self.deadline_s)
-        return self._handle(job, result, keep, async_op,
-                            {"seq": call, "name": name, "count": count})
+        return self._handle(job, result, keep, async_op, (call, name, count))
 
     def _need_schedules(self, argument: str, what: str) -> None:
         if not self.impl.host_schedules:
@@ -322,9 +321,7 @@ class Communicator:
         run = ProgramRun(name, program, dtype, dt, rop or ReduceOp.SUM, segments, get_in,
                          put_out, out, check_lengths, sig)
         return self._handle(self.impl.run(run, self.deadline_s), result, keep, async_op,
-                            {"seq": call, "name": name, "count": m, "dtype": dtype.name,
-                             "op": rop.name if rop is not None else None, "root": root,
-                             "algo": "/".join(map(str, algo)) or None, "tag": tagv})
+                            (call, name, m, dtype, rop, root, algo, tagv))
 
     def _gather_in(self, full: np.ndarray, m: int, blocks: int, whole: bool) -> Any:
         """get_in for block-structured IN: the user's buffer itself when one segment
@@ -732,7 +729,7 @@ class Communicator:
         self._check_open()
         coll, call = self._next_coll()
         return self._handle(self.impl.barrier(coll, self.deadline_s), None, [], async_op,
-                            {"seq": call, "name": "barrier"})
+                            (call, "barrier"))
 
     # ------------------------------------------------------------------ sub-communicators
     def split(self, color: int | None, key: int = 0) -> Communicator | None:
@@ -879,7 +876,7 @@ class Communicator:
         seq = self._p2p_next(self._p2p_send, dst)
         job = self.impl.send(dst, seq, b.array, self.deadline_s)
         return self._handle(job, None, [b], async_op,
-                            {"seq": seq, "name": "send", "peer": dst, "count": b.array.size})
+                            (seq, "send", b.array.size, None, None, None, (), 0, dst))
 
     def recv(self, buf: Any, src: int, *, async_op: bool = False) -> Any:
         self._need_schedules("src", "recv")
@@ -889,7 +886,7 @@ class Communicator:
         seq = self._p2p_next(self._p2p_recv, src)
         job = self.impl.recv(src, seq, b.array, self.deadline_s)
         return self._handle(job, self._out(b, buf), [b], async_op,
-                            {"seq": seq, "name": "recv", "peer": src, "count": b.array.size})
+                            (seq, "recv", b.array.size, None, None, None, (), 0, src))
 
     def _p2p_next(self, counters: list[int], peer: int) -> int:
         # One counter per direction and peer: sends to j pair with j's receives from us.

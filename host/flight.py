@@ -30,8 +30,8 @@ DEFAULT_ENTRIES = 64
 FIELDS = ("seq", "name", "count", "dtype", "op", "root", "algo", "tag", "peer")
 """What an entry says of its call (None where it does not apply), beside ``start``,
 ``end``, ``state`` and ``error``. ``seq``: the call's number in its communicator (for
-``send``/``recv``: in the direction to or from ``peer``)."""
-_NO_FIELDS = dict.fromkeys(FIELDS)
+``send``/``recv``: in the direction to or from ``peer``). A call records them as a tuple
+in this order, raw (enums, the algorithm's tuple): they are formatted only when read."""
 _live: weakref.WeakSet[FlightRecorder] = weakref.WeakSet()
 _atexit_lock = threading.Lock()
 _atexit_armed = False
@@ -44,7 +44,7 @@ class Entry:
 
     __slots__ = ("end", "error", "fields", "job", "start", "state")
 
-    def __init__(self, fields: dict[str, Any], job: Any) -> None:
+    def __init__(self, fields: tuple, job: Any) -> None:
         self.fields = fields
         self.job = job
         self.start = time.time()
@@ -73,8 +73,14 @@ class Entry:
         self.job = None
 
     def as_dict(self) -> dict[str, Any]:
-        return {**_NO_FIELDS, **self.fields, "start": self.start, "end": self.end,
-                "state": self.state, "error": self.error}
+        out = dict(zip(FIELDS, self.fields, strict=False))
+        for key in ("dtype", "op"):
+            out[key] = getattr(out.get(key), "name", None)
+        out["algo"] = "/".join(map(str, out.get("algo") or ())) or None
+        for key in FIELDS:
+            out.setdefault(key, None)
+        out.update(start=self.start, end=self.end, state=self.state, error=self.error)
+        return out
 
 
 class FlightRecorder:
@@ -94,10 +100,11 @@ class FlightRecorder:
         _live.add(self)
         _arm_atexit()
 
-    def record(self, job: Any, fields: dict[str, Any]) -> Entry:
+    def record(self, job: Any, fields: tuple) -> Entry:
+        """``fields``: the call's :data:`FIELDS`, in order (missing ones at the end are
+        None)."""
         entry = Entry(fields, job)
-        with self._lock:
-            self._ring.append(entry)
+        self._ring.append(entry)  # one bytecode-level append: the GIL keeps it whole
         return entry
 
     def failed(self, entry: Entry, error: BaseException) -> None:
@@ -113,9 +120,10 @@ class FlightRecorder:
     def entries(self) -> list[dict[str, Any]]:
         """The ring, oldest first, each call's state as of now."""
         with self._lock:
-            for e in self._ring:
+            ring = list(self._ring)  # a copy: calls may append meanwhile
+            for e in ring:
                 e.resolve()
-            return [e.as_dict() for e in self._ring]
+            return [e.as_dict() for e in ring]
 
     def dump(self) -> dict[str, Any]:
         return {"communicator": self.label, "rank": self.rank, "world_size": self.world_size,
