@@ -99,6 +99,17 @@ class RanksTimeoutError(CollectiveTimeoutError):
                          f"no progress; waiting on {detail}" if waits else "no progress")
 
 
+class AbortedError(FpgacclError):
+    """The communicator was aborted (``Communicator.abort()``, from any thread) while
+    ``operation`` was pending or before it was called: its engine is stopped and its
+    ports are free; build a new communicator to go on."""
+
+    def __init__(self, operation: str, rank: int) -> None:
+        self.operation = operation
+        self.rank = rank
+        super().__init__(f"rank {rank}: {operation}: the communicator was aborted")
+
+
 class UnmappedAddressError(FpgacclError):
     """A DMA address falls outside every registered memory window."""
 

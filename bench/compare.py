@@ -17,6 +17,10 @@ bench/results/compare.json.
     python bench/compare.py --mtu 9000      # fpgaccl with jumbo frames
     python bench/compare.py --backends fpgaccl,fpgaccl@/tmp/base --sizes 8,1M,64M -r 7
 
+``fpgaccl+VAR=VALUE`` runs this checkout's fpgaccl with VAR=VALUE in its ranks'
+environment (e.g. ``--backends fpgaccl+FPGACCL_CHECK_CALLS=0,fpgaccl+FPGACCL_CHECK_CALLS=1``
+for the cost of the call signatures, interleaved).
+
 ``fpgaccl@PATH`` is another checkout of fpgaccl (another revision, say): its ranks run
 this file's worker under PATH's own ``.venv/bin/python``, so they import PATH's fpgaccl,
 and its runs interleave with the others' in the same rounds. Ratios are taken against
@@ -48,6 +52,7 @@ class Backend(NamedTuple):
     label: str  # as named in --backends
     kind: str  # one of BACKENDS
     root: Path | None  # fpgaccl@PATH: that checkout; None: this process's own fpgaccl
+    env: tuple[tuple[str, str], ...] = ()  # fpgaccl+VAR=VALUE: set in its ranks
 
     @property
     def python(self) -> str:
@@ -55,6 +60,12 @@ class Backend(NamedTuple):
 
 
 def _backend(spec: str) -> Backend:
+    kind, plus, setting = spec.partition("+")
+    if plus:
+        var, eq, value = setting.partition("=")
+        if kind != "fpgaccl" or not eq or not var:
+            raise SystemExit(f"--backends: {spec!r}: only fpgaccl+VAR=VALUE takes a setting")
+        return Backend(spec, kind, None, ((var, value),))
     kind, at, path = spec.partition("@")
     if kind not in BACKENDS or (at and (kind != "fpgaccl" or not path)):
         raise SystemExit(f"--backends: {spec!r} is none of {', '.join(BACKENDS)}, "
@@ -163,6 +174,7 @@ def _env(be: Backend, env: dict[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ if env is None else env)
     if be.root is not None:
         env.pop("PYTHONPATH", None)
+    env.update(be.env)
     return env
 
 

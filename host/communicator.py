@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
+import json
 import math
 import operator
 import os
@@ -25,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from fpgaccl.errors import (
+    AbortedError,
     CollectiveTimeoutError,
     CountMismatchError,
     DtypeMismatchError,
@@ -41,6 +44,7 @@ from .backends import Backend, open_backend
 from .backends.base import Pending, Program, ProgramRun, Segment
 from .buffers import UserBuffer, as_buffer, resolve_op
 from .executor import setup_chunks
+from .flight import Entry, FlightRecorder
 
 ALGOS = {
     "allreduce": ("ring", "rhd", "rd", "tree"),
@@ -112,12 +116,13 @@ class Handle:
     """An in-flight collective: ``wait()`` returns its result, ``test()`` polls it."""
 
     def __init__(self, job: Pending, result: Any, keep: Sequence[UserBuffer],
-                 rank: int) -> None:
+                 rank: int, flight: tuple[FlightRecorder, Entry] | None = None) -> None:
         self._job = job
         self._result = result
         self._keep = keep  # buffers must outlive the transfer
         self._rank = rank
         self._finished = False
+        self._flight = flight
 
     def test(self) -> bool:
         done = self._job.event.is_set()
@@ -141,6 +146,8 @@ class Handle:
 
     def _complete(self) -> None:
         if self._job.error is not None:
+            if self._flight is not None:
+                self._flight[0].failed(self._flight[1], self._job.error)
             raise self._job.error
         if not self._finished:
             self._finished = True
@@ -193,6 +200,10 @@ class Communicator:
     (:mod:`fpgaccl.proto.signature`) and raise
     :class:`~fpgaccl.errors.CollectiveMismatchError` on all of them where they disagree;
     it is off by default while it costs extra messages per call (software backend only).
+
+    :meth:`split` makes sub-communicators (MPI_Comm_split), :meth:`abort` fails every
+    pending call at once from any thread, and :meth:`flight_record` returns the last
+    calls (:mod:`fpgaccl.host.flight`).
     """
 
     def __init__(self, rank: int, world_size: int, backend: str = "software", *,
@@ -201,21 +212,31 @@ class Communicator:
         opener, default_deadline = open_backend(backend)
         deadline_s = default_deadline if deadline_s is None else deadline_s
         check_world(rank, world_size, deadline_s)
+        if check_calls is None:
+            check_calls = os.environ.get("FPGACCL_CHECK_CALLS", "") in ("1", "true", "yes")
+        self._setup(rank, world_size, backend, deadline_s, bool(check_calls), "world")
+        self.impl: Backend = opener(rank, world_size, **options)
+        """The backend's object (:class:`fpgaccl.host.backends.Backend`)."""
+
+    def _setup(self, rank: int, world_size: int, backend: str, deadline_s: float,
+               check_calls: bool, label: str) -> None:
         self.rank = rank
         self.world_size = world_size
         self.backend = backend
         self.deadline_s = deadline_s
+        self.check_calls = check_calls
+        self.label = label
+        """Which communicator this is: ``world``, or its parent's label and
+        ``.split<N>`` (the N-th split of the parent)."""
         self._coll = 0
         self._calls = 0  # the signature's sequence number
-        if check_calls is None:
-            check_calls = os.environ.get("FPGACCL_CHECK_CALLS", "") in ("1", "true", "yes")
-        self.check_calls = bool(check_calls)
+        self._splits = itertools.count(1)
         self._p2p_send = [0] * world_size
         self._p2p_recv = [0] * world_size
         self._lock = threading.Lock()
         self._closed = False
-        self.impl: Backend = opener(rank, world_size, **options)
-        """The backend's object (:class:`fpgaccl.host.backends.Backend`)."""
+        self._aborted = False
+        self.flight = FlightRecorder(label, rank, world_size)
 
     @property
     def stage_bytes(self) -> int:
@@ -229,15 +250,20 @@ class Communicator:
 
     # ------------------------------------------------------------------ plumbing
     def _handle(self, job: Pending, result: Any, keep: list[UserBuffer],
-                async_op: bool) -> Any:
-        handle = Handle(job, result, keep, self.rank)
+                async_op: bool, fields: tuple) -> Any:
+        """Wrap ``job`` in a Handle, and record it in the flight recorder (``fields``:
+        what the recorder shows of the call)."""
+        flight = self.flight
+        entry = flight.record(job, fields)
+        handle = Handle(job, result, keep, self.rank, (flight, entry))
         return handle if async_op else handle.wait()
 
     def _schedule(self, name: str, body: Callable[[alg.Ctx], Program], result: Any,
-                  keep: list[UserBuffer], async_op: bool) -> Any:
+                  keep: list[UserBuffer], async_op: bool, count: int | None = None) -> Any:
         """Run a host schedule (no sequencer program) as the next collective."""
-        job = self.impl.schedule(name, body, self._next_coll(), self.deadline_s)
-        return self._handle(job, result, keep, async_op)
+        coll, call = self._next_coll()
+        job = self.impl.schedule(name, body, coll, self.deadline_s)
+        return self._handle(job, result, keep, async_op, (call, name, count))
 
     def _need_schedules(self, argument: str, what: str) -> None:
         if not self.impl.host_schedules:
@@ -250,10 +276,12 @@ class Communicator:
         return self.impl.stage_bytes // dt.itemsize - (nchunks - 1)
 
     def _segments(self, program: Sequence[Instr], *, m: int, blocks: int,
-                  dt: np.dtype) -> tuple[int, int, int]:
-        """Elements per segment, segment count and the first coll_id of a program run
-        over ``blocks`` blocks of ``m`` elements. Every backend cuts and numbers
-        segments here, so engines of different backends agree on the wire."""
+                  dt: np.dtype) -> tuple[int, int, int, int]:
+        """Elements per segment, segment count, the first coll_id of a program run
+        over ``blocks`` blocks of ``m`` elements, and the call's sequence number (taken
+        under the same lock: another thread's call may take the next one at once).
+        Every backend cuts and numbers segments here, so engines of different backends
+        agree on the wire."""
         nch = setup_chunks(program)
         seg = self._segment_elements(nch, dt) // blocks
         if seg < 1:
@@ -264,7 +292,8 @@ class Communicator:
             c0 = self._coll
             self._coll = (self._coll + nseg) & 0xFFFF
             self._calls += 1
-        return seg, nseg, c0
+            call = self._calls
+        return seg, nseg, c0, call
 
     def _program(self, name: str, program: Sequence[Instr], *, m: int, blocks: int,
                  dt: np.dtype, op: str | None, get_in: Any, put_out: Any, result: Any,
@@ -282,16 +311,17 @@ class Communicator:
         user program, not compared) and ``tag`` make the call's signature.
         """
         tagv = _tag(tag)
-        seg, nseg, c0 = self._segments(program, m=m, blocks=blocks, dt=dt)
+        seg, nseg, c0, call = self._segments(program, m=m, blocks=blocks, dt=dt)
         segments = [Segment((c0 + 1 + k) & 0xFFFF, k * seg, min(m, (k + 1) * seg),
                             blocks * (min(m, (k + 1) * seg) - k * seg)) for k in range(nseg)]
         dtype, rop = _dtype_of(dt), _op_of(op) if op else None
-        sig = Signature(self._calls, kind, m, dtype, rop, root,
+        sig = Signature(call, kind, m, dtype, rop, root,
                         program_digest(*algo) if algo else 0, tagv,
                         self.rank) if self.check_calls else None
         run = ProgramRun(name, program, dtype, dt, rop or ReduceOp.SUM, segments, get_in,
                          put_out, out, check_lengths, sig)
-        return self._handle(self.impl.run(run, self.deadline_s), result, keep, async_op)
+        return self._handle(self.impl.run(run, self.deadline_s), result, keep, async_op,
+                            (call, name, m, dtype, rop, root, algo, tagv))
 
     def _gather_in(self, full: np.ndarray, m: int, blocks: int, whole: bool) -> Any:
         """get_in for block-structured IN: the user's buffer itself when one segment
@@ -321,14 +351,17 @@ class Communicator:
 
         return put_out
 
-    def _next_coll(self) -> int:
-        """The coll_id of a call that runs one program or schedule, not segments."""
+    def _next_coll(self) -> tuple[int, int]:
+        """The coll_id and sequence number of a call that runs one program or schedule,
+        not segments."""
         with self._lock:
             self._coll = (self._coll + 1) & 0xFFFF
             self._calls += 1
-            return self._coll
+            return self._coll, self._calls
 
     def _check_open(self) -> None:
+        if self._aborted:
+            raise AbortedError("call", self.rank)
         if self._closed:
             raise InvalidArgumentError("comm", "communicator is closed")
 
@@ -385,7 +418,7 @@ class Communicator:
                     work[:] = sa
                 yield from alg.allreduce_tree(ctx, work, ufunc)
 
-            return self._schedule("allreduce", body, result, [s, r], async_op)
+            return self._schedule("allreduce", body, result, [s, r], async_op, sa.size)
         gen = _ALLREDUCE_PROGRAMS[algo]
         prog = _library(gen, self.rank, self.world_size)
 
@@ -442,7 +475,8 @@ class Communicator:
                 work = sa.copy()  # the tree reduces into it; the user's buffer stays intact
             yield from alg.reduce_tree(ctx, work, ufunc, root, 0)
 
-        return self._schedule("reduce", body, result, [s] + ([r] if r else []), async_op)
+        return self._schedule("reduce", body, result, [s] + ([r] if r else []), async_op,
+                              sa.size)
 
     def broadcast(self, buf: Any, root: int = 0, *, algo: str | None = None,
                   async_op: bool = False, tag: Any = None) -> Any:
@@ -471,7 +505,7 @@ class Communicator:
         def body(ctx: alg.Ctx) -> Program:
             yield from alg.bcast_tree(ctx, work, root, 0)
 
-        return self._schedule("broadcast", body, self._out(b, buf), [b], async_op)
+        return self._schedule("broadcast", body, self._out(b, buf), [b], async_op, work.size)
 
     def reduce_scatter(self, sendbuf: Any, recvbuf: Any = None, op: str = "sum", *,
                        algo: str | None = None, async_op: bool = False,
@@ -650,7 +684,8 @@ class Communicator:
             src = sa.copy() if inplace else sa  # in place, blocks would be overwritten unsent
             yield from alg.alltoallv_direct(ctx, src, sd, sc, ra, rd, rc)
 
-        return self._schedule(name, body, self._out(r, result_of), [s, r], async_op)
+        return self._schedule(name, body, self._out(r, result_of), [s, r], async_op,
+                              sum(sc))
 
     def run_program(self, program: Sequence[Instr], sendbuf: Any, op: str = "sum", *,
                     async_op: bool = False, tag: Any = None) -> Any:
@@ -692,8 +727,138 @@ class Communicator:
     def barrier(self, *, async_op: bool = False) -> Any:
         """Returns once every rank has entered."""
         self._check_open()
-        return self._handle(self.impl.barrier(self._next_coll(), self.deadline_s), None, [],
-                            async_op)
+        coll, call = self._next_coll()
+        return self._handle(self.impl.barrier(coll, self.deadline_s), None, [], async_op,
+                            (call, "barrier"))
+
+    # ------------------------------------------------------------------ sub-communicators
+    def split(self, color: int | None, key: int = 0) -> Communicator | None:
+        """MPI_Comm_split: a new communicator of the ranks that pass the same ``color``,
+        ranked by ``(key, rank here)``; a rank that passes None or a negative color is in
+        none and gets None. Every rank of this communicator must call it (a collective).
+
+        Each sub-communicator has an engine of its own (software backend: its own UDP
+        port on this rank's address, queue pairs, memory keys, PSNs and call sequence),
+        so its traffic never meets this one's or a sibling's, and calls on different
+        communicators may be issued in any order. The ranks agree on the split with an
+        allgather of (color, key) here, and exchange the new engines' connection records
+        with two more allgathers here instead of a TCP rendezvous. The sim and board
+        backends cannot open engines of their own (an HDL node has one queue pair per
+        peer of its world): every rank then raises UnsupportedError.
+        """
+        self._check_open()
+        p = self.world_size
+        c = self._int(color, "color", none_ok=True)
+        k = self._int(key, "key")
+        c = -1 if c is None or c < 0 else c
+        can = hasattr(self.impl, "split_backend")
+        table = np.empty(3 * p, np.int64)
+        self.allgather(np.array([c, k, int(can)], np.int64), table)
+        t = table.reshape(p, 3)
+        cannot = [r for r in range(p) if not t[r, 2]]
+        if cannot:
+            raise UnsupportedError("color", f"split: rank(s) {cannot} run a backend without "
+                                   f"sub-communicators (this rank: {self.backend}); the sim "
+                                   "and board engines have one queue pair per peer of their "
+                                   "world and cannot open engines of their own")
+        n = next(self._splits)
+        if c < 0:
+            self._allgather_bytes(b"")  # the members' rendezvous, which every rank joins
+            return None
+        members = [r for _, r in sorted((int(t[r, 1]), r) for r in range(p) if t[r, 0] == c)]
+        called = False
+
+        def rendezvous(info: dict) -> list[dict]:
+            nonlocal called
+            called = True
+            blobs = self._allgather_bytes(json.dumps(info).encode())
+            records = [json.loads(blobs[r]) for r in members]
+            failed = [(r, rec["error"]) for r, rec in zip(members, records, strict=True)
+                      if "error" in rec]
+            if failed:
+                raise InvalidArgumentError("color", f"split: rank(s) could not open their "
+                                           f"engines: {failed}")
+            return records
+
+        try:
+            return self.open_sub(members.index(self.rank), len(members), rendezvous,
+                                 f"{self.label}.split{n}")
+        except BaseException as e:
+            if not called:  # the others wait for this rank's record: tell them why not
+                self._allgather_bytes(json.dumps(
+                    {"error": f"rank {self.rank}: {type(e).__name__}: {e}"}).encode())
+            raise
+
+    def open_sub(self, rank: int, world_size: int,
+                 rendezvous: Callable[[dict], list[dict]], label: str | None = None
+                 ) -> Communicator:
+        """A sub-communicator of which this process is ``rank`` of ``world_size``, on an
+        engine of its own that this communicator's backend opens; ``rendezvous(record)``
+        returns every member's record in the new ranks' order. :meth:`split` agrees on
+        members and exchanges records through this communicator; a framework whose groups
+        are formed by their members alone (torch's ``new_group``) exchanges them its own
+        way. UnsupportedError where the backend cannot open another engine."""
+        self._check_open()
+        check_world(rank, world_size, self.deadline_s)
+        opener = getattr(self.impl, "split_backend", None)
+        if opener is None:
+            raise UnsupportedError("backend", f"the {self.backend} backend has no "
+                                   "sub-communicators (an HDL node has one queue pair per "
+                                   "peer of its world)")
+        label = label or f"{self.label}.split{next(self._splits)}"
+        impl = opener(rank, world_size, rendezvous)
+        sub = Communicator.__new__(Communicator)
+        sub._setup(rank, world_size, self.backend, self.deadline_s, self.check_calls, label)
+        sub.impl = impl
+        return sub
+
+    def _allgather_bytes(self, data: bytes) -> list[bytes]:
+        """Every rank's ``data`` (of any length), by rank."""
+        p = self.world_size
+        sizes = np.empty(p, np.int64)
+        self.allgather(np.array([len(data)], np.int64), sizes)
+        width = max(1, int(sizes.max()))
+        mine = np.zeros(width, np.uint8)
+        mine[:len(data)] = np.frombuffer(data, np.uint8)
+        table = np.empty(width * p, np.uint8)
+        self.allgather(mine, table)
+        return [table[r * width:r * width + int(sizes[r])].tobytes() for r in range(p)]
+
+    @staticmethod
+    def _int(value: Any, name: str, *, none_ok: bool = False) -> int | None:
+        if value is None and none_ok:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int | np.integer) or \
+                not -(1 << 62) <= value < 1 << 62:
+            raise InvalidArgumentError(name, f"{value!r} must be an int"
+                                       + (" or None" if none_ok else ""))
+        return int(value)
+
+    # ------------------------------------------------------------------ failure
+    def abort(self) -> None:
+        """Fail every pending call of this communicator at once with
+        :class:`~fpgaccl.errors.AbortedError`, from any thread, and free its engine's
+        ports; later calls raise it too. Peers are not told: their calls fail on their
+        own deadline or peer timeout (or abort there too). A new communicator can be
+        built in this process afterwards (a new rendezvous). UnsupportedError on a
+        backend that cannot stop a call in flight (sim, board: their calls run on the
+        caller's thread)."""
+        abort = getattr(self.impl, "abort", None)
+        if abort is None:
+            raise UnsupportedError("backend", f"the {self.backend} backend runs each call on "
+                                   "the caller's thread: there is nothing pending to abort")
+        with self._lock:
+            if self._aborted:
+                return
+            self._aborted = self._closed = True
+        rank = self.rank
+        abort(lambda name: AbortedError(name, rank))
+
+    def flight_record(self) -> list[dict[str, Any]]:
+        """The last calls of this communicator, oldest first (:mod:`fpgaccl.host.flight`):
+        ``seq``, ``name`` and the signature's fields, ``start`` and ``end`` (wall clock,
+        seconds), ``state`` (``pending``, ``done`` or ``failed``) and ``error``."""
+        return self.flight.entries()
 
     # ------------------------------------------------------------------ point to point
     def _peer(self, peer: int, name: str) -> int:
@@ -710,7 +875,8 @@ class Communicator:
         b = as_buffer(buf, "buf")
         seq = self._p2p_next(self._p2p_send, dst)
         job = self.impl.send(dst, seq, b.array, self.deadline_s)
-        return self._handle(job, None, [b], async_op)
+        return self._handle(job, None, [b], async_op,
+                            (seq, "send", b.array.size, None, None, None, (), 0, dst))
 
     def recv(self, buf: Any, src: int, *, async_op: bool = False) -> Any:
         self._need_schedules("src", "recv")
@@ -719,7 +885,8 @@ class Communicator:
         b = as_buffer(buf, "buf", writable=True)
         seq = self._p2p_next(self._p2p_recv, src)
         job = self.impl.recv(src, seq, b.array, self.deadline_s)
-        return self._handle(job, self._out(b, buf), [b], async_op)
+        return self._handle(job, self._out(b, buf), [b], async_op,
+                            (seq, "recv", b.array.size, None, None, None, (), 0, src))
 
     def _p2p_next(self, counters: list[int], peer: int) -> int:
         # One counter per direction and peer: sends to j pair with j's receives from us.
@@ -739,7 +906,7 @@ class Communicator:
         """Leave the world: a last barrier where the backend needs one, then the backend
         closes (the software engine keeps answering retransmissions briefly)."""
         if self._closed:
-            return
+            return  # also after abort(): the engine is stopped already
         if self.world_size > 1 and self.impl.barrier_at_close:
             with contextlib.suppress(Exception):
                 self.barrier()

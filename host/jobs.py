@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING, Any
@@ -83,9 +84,11 @@ class Job:
         self.progress_at = 0.0  # when the job resumed or the transport last moved
         self.mark: tuple | None = None  # the transport's position then
         self.probe_at = 0.0
+        self.ended = 0.0  # monotonic: the flight recorder's end of the call
 
     def finish(self, error: BaseException | None = None) -> None:
         self.error = error
+        self.ended = time.monotonic()
         self.event.set()
 
 

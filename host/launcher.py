@@ -6,6 +6,10 @@ a fresh rendezvous port, and optionally a capture directory whose per-rank pcaps
 merged into one file when the run ends. Multi-host runs use the site's launcher
 (torchrun, srun, mpirun) instead; this one only starts local processes.
 
+Every rank writes its communicators' flight records (:mod:`.flight`) to a directory of
+the run (FPGACCL_FLIGHT_DIR) when a call fails and at exit; when the run fails, the
+launcher prints every rank's last calls from them.
+
 The run draws a job secret (FPGACCL_JOB_SECRET, unless the environment sets one) that
 every rank proves at the rendezvous, so no stranger joins it. SIGTERM, SIGHUP and SIGINT
 to the launcher (what a batch system or a terminal sends) go to every rank's process
@@ -29,6 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from . import flight
 from . import pcap as pcapmod
 from .rendezvous import SECRET_ENV
 
@@ -350,6 +355,8 @@ def _run(nprocs: int, cmd: list[str], sig: _Signals, *, pcap: str | None,
     if deadline_s:
         extra["FPGACCL_DEADLINE_S"] = str(deadline_s)
     extra.setdefault(SECRET_ENV, os.environ.get(SECRET_ENV) or secrets.token_hex(16))
+    flights = tempfile.TemporaryDirectory(prefix="fpgaccl-flight-")
+    extra.setdefault(flight.FLIGHT_DIR_ENV, os.environ.get(flight.FLIGHT_DIR_ENV) or flights.name)
     procs: list[subprocess.Popen] = []
     for r in range(nprocs):
         if sig.received is not None:
@@ -403,6 +410,11 @@ def _run(nprocs: int, cmd: list[str], sig: _Signals, *, pcap: str | None,
         time.sleep(0.02)
     for t in pumps:
         t.join(5)
+    if rc:
+        records = flight.read_dir(extra[flight.FLIGHT_DIR_ENV])
+        if records:
+            print(flight.report(records, nprocs), file=sys.stderr)
+    flights.cleanup()
     if before_merge is not None:
         before_merge()  # e.g. the simulation server, which closes its capture at exit
     if pcap and tmp is not None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import atexit
 import itertools
+import json
 import os
 import queue
 import socket
@@ -242,11 +243,20 @@ class _Shared:
             elif (cls.comm.rank, cls.comm.world_size) != (rank, size):
                 raise UnsupportedError("ranks", f"a group of {size} ranks in which this process is "
                                        f"rank {rank}, but its communicator is rank "
-                                       f"{cls.comm.rank} of {cls.comm.world_size}: the fpgaccl "
-                                       "backend has no sub-communicators yet")
+                                       f"{cls.comm.rank} of {cls.comm.world_size}")
             cls.users += 1
             assert cls.completer is not None
             return cls.comm, cls.completer
+
+    @classmethod
+    def acquire_world(cls) -> Communicator:
+        """The world's communicator, for a subgroup's engine to be opened from."""
+        with cls.lock:
+            if cls.comm is None:
+                raise UnsupportedError("ranks", "new_group(ranks=...) before the default "
+                                       "group: call init_process_group('fpgaccl') first")
+            cls.users += 1
+            return cls.comm
 
     @classmethod
     def release(cls) -> None:
@@ -309,13 +319,43 @@ def _open_communicator(store: dist.Store, rank: int, size: int,
     return Communicator(rank, size, os.environ.get("FPGACCL_BACKEND") or "software", **options)
 
 
-class ProcessGroupFpgaccl(dist.ProcessGroup):
-    """The ``fpgaccl`` process group: every collective of the whole world, posted
-    asynchronously to the engine."""
+def _store_rendezvous(store: dist.Store, rank: int, size: int
+                      ) -> Callable[[dict], list[dict]]:
+    """A subgroup's engines exchange their records through the group's own store (a
+    PrefixStore of the group: only members create the group's backend, so the world's
+    communicator, whose collectives need every rank, cannot carry them)."""
+    def rendezvous(info: dict) -> list[dict]:
+        store.set(f"fpgaccl/sub/{rank}", json.dumps(info))
+        return [json.loads(store.get(f"fpgaccl/sub/{r}")) for r in range(size)]
 
-    def __init__(self, store: dist.Store, rank: int, size: int, timeout: timedelta) -> None:
+    return rendezvous
+
+
+class ProcessGroupFpgaccl(dist.ProcessGroup):
+    """The ``fpgaccl`` process group: every collective of its ranks, posted
+    asynchronously to the engine. Whole-world groups share the process's communicator; a
+    subgroup (``new_group(ranks=[...])``) has a sub-communicator of its own (an engine
+    of its own: :meth:`Communicator.open_sub`) and its own completion thread, so calls on
+    different groups may be issued in any order."""
+
+    def __init__(self, store: dist.Store, rank: int, size: int, timeout: timedelta,
+                 ranks: Sequence[int] | None = None) -> None:
         super().__init__(rank, size)
-        self.comm, self._completer = _Shared.acquire(store, rank, size, timeout)
+        self._sub = ranks is not None
+        if ranks is None:
+            self.comm, self._completer = _Shared.acquire(store, rank, size, timeout)
+        else:
+            world = _Shared.acquire_world()
+            try:
+                self.comm = world.open_sub(rank, size, _store_rendezvous(store, rank, size),
+                                           f"world.group{list(ranks)}")
+            except BaseException:
+                _Shared.release()
+                raise
+            self._completer = _Completer()
+            # Before the world's communicator closes (atexit runs the last registered
+            # first): leaving is a barrier of the group's own.
+            atexit.register(self.shutdown)
         self._open = True
         self._group_name = self._group_desc = ""
 
@@ -689,6 +729,9 @@ class ProcessGroupFpgaccl(dist.ProcessGroup):
     def shutdown(self) -> None:
         if self._open:
             self._open = False
+            if self._sub:
+                self._completer.stop()
+                self.comm.close()
             _Shared.release()
 
     def abort(self) -> None:
@@ -698,11 +741,10 @@ class ProcessGroupFpgaccl(dist.ProcessGroup):
 def create_process_group(opts: Any, pg_options: Any = None) -> ProcessGroupFpgaccl:
     """The creator ``register_backend`` calls (extended API: it names the group's ranks)."""
     ranks = list(opts.global_ranks_in_group)
-    if ranks and ranks != list(range(opts.group_size)):
-        raise UnsupportedError("ranks", f"new_group(ranks={ranks}): the fpgaccl backend runs "
-                               "whole-world groups only; a subset needs Communicator.split "
-                               "(not there yet)")
-    return ProcessGroupFpgaccl(opts.store, opts.group_rank, opts.group_size, opts.timeout)
+    whole = not ranks or (ranks == list(range(opts.group_size)) and (
+        _Shared.comm is None or _Shared.comm.world_size == opts.group_size))
+    return ProcessGroupFpgaccl(opts.store, opts.group_rank, opts.group_size, opts.timeout,
+                               None if whole else ranks)
 
 
 def register() -> None:

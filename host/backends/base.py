@@ -128,3 +128,10 @@ class Backend(Protocol):
         """Per-reason drop counters (:class:`fpgaccl.proto.drops.DropReason` names)."""
 
     def close(self, linger_s: float | None = None) -> None: ...
+
+    # Optional, where the engine can (the software backend; the Communicator raises
+    # UnsupportedError without them):
+    #   split_backend(rank, world_size, rendezvous) -> Backend: an engine of its own for
+    #     a sub-communicator; rendezvous(record) returns every member's record.
+    #   abort(error_of): stop the engine, free its ports and fail every pending call with
+    #     error_of(call name).

@@ -11,13 +11,16 @@ from __future__ import annotations
 import contextlib
 import socket
 import warnings
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from fpgaccl.proto.drops import DropReason
 from fpgaccl.proto.isa import Buf
+from fpgaccl.proto.opcodes import ROCEV2_UDP_PORT
 
 from .. import algorithms as alg
 from .. import wire
@@ -37,6 +40,17 @@ from ..rendezvous import exchange, master
 from .base import Program, ProgramRun
 
 
+class _Refused(deque):
+    """The job queue of an aborted engine: what a racing call submits fails at once."""
+
+    def __init__(self, error_of: Callable[[str], BaseException]) -> None:
+        super().__init__()
+        self._error_of = error_of
+
+    def append(self, job: Job) -> None:
+        job.finish(self._error_of(job.name))
+
+
 class SoftwareBackend:
     """One rank's software engine, connected to every peer."""
 
@@ -53,8 +67,19 @@ class SoftwareBackend:
                  stage_bytes: int = DEFAULT_STAGE_BYTES,
                  socket_buffer_bytes: int = SOCKET_BUFFER_BYTES,
                  peer_timeout_s: float | None = PEER_TIMEOUT_S,
-                 retry_limit: int | None = RETRY_LIMIT) -> None:
+                 retry_limit: int | None = RETRY_LIMIT, port: int = ROCEV2_UDP_PORT,
+                 rendezvous: Callable[[dict], list[dict]] | None = None) -> None:
+        """``port``: the UDP port the engine binds (0: one the kernel picks; a
+        sub-communicator's engine shares its parent's address). ``rendezvous``: a
+        function from this rank's record to every rank's, instead of the TCP rendezvous
+        on ``master_addr``/``master_port`` (a split agrees through its parent)."""
         self.rank, self.world_size = rank, world_size
+        # What a sub-communicator's engine is built with (:meth:`split_backend`).
+        self._options: dict[str, Any] = dict(
+            mtu=mtu, rto_s=rto_s, impair=impair if isinstance(impair, str) else None,
+            slot_bytes=slot_bytes, slots=slots, rendezvous_timeout_s=rendezvous_timeout_s,
+            stage_bytes=stage_bytes, socket_buffer_bytes=socket_buffer_bytes,
+            peer_timeout_s=peer_timeout_s, retry_limit=retry_limit)
         master_addr, master_port = master(master_addr, master_port)
         bind_ip = choose_bind_ip(rank, master_addr, master_port, bind_ip)
         if isinstance(impair, str):
@@ -62,8 +87,8 @@ class SoftwareBackend:
         self.link = impair
         self._pcap = PcapWriter(pcap) if pcap else None
         try:
-            self.engine = Engine(rank, bind_ip, mtu=mtu, slot_bytes=slot_bytes, slots=slots,
-                                 rto_s=rto_s, link=impair,
+            self.engine = Engine(rank, bind_ip, port=port, mtu=mtu, slot_bytes=slot_bytes,
+                                 slots=slots, rto_s=rto_s, link=impair,
                                  tap=self._pcap.tap if self._pcap else None,
                                  socket_buffer_bytes=socket_buffer_bytes,
                                  peer_timeout_s=peer_timeout_s, retry_limit=retry_limit)
@@ -72,7 +97,7 @@ class SoftwareBackend:
             raise
         try:
             self._connect(master_addr, master_port, initial_psn, stage_bytes,
-                          rendezvous_timeout_s, socket_buffer_bytes)
+                          rendezvous_timeout_s, socket_buffer_bytes, rendezvous)
             self.engine.start()
         except BaseException:
             # A world that did not form: its sockets and address go back at once, so
@@ -83,7 +108,8 @@ class SoftwareBackend:
             raise
 
     def _connect(self, master_addr: str, master_port: int, initial_psn: int | None,
-                 stage_bytes: int, timeout_s: float, socket_buffer_bytes: int) -> None:
+                 stage_bytes: int, timeout_s: float, socket_buffer_bytes: int,
+                 rendezvous: Callable[[dict], list[dict]] | None) -> None:
         rank, world_size, engine = self.rank, self.world_size, self.engine
         rng = np.random.default_rng()
         psn0 = {}
@@ -101,8 +127,11 @@ class SoftwareBackend:
         info = {"ip": engine.addr[0], "port": engine.addr[1], "qps": qps,
                 "coll": self.region.info(), "backend": "software",
                 "rcvbuf": engine.rcvbuf, "gro": engine.gro, "rx_per_peer": engine.rx_per_peer}
-        table = exchange(rank, world_size, (socket.gethostbyname(master_addr), master_port),
-                         info, timeout_s)
+        if rendezvous is not None:
+            table = rendezvous(info)
+        else:
+            table = exchange(rank, world_size, (socket.gethostbyname(master_addr),
+                                                master_port), info, timeout_s)
         for peer, qp in engine.by_peer.items():
             theirs = table[peer]["qps"][str(rank)]
             software = table[peer].get("backend") == "software"
@@ -146,6 +175,15 @@ class SoftwareBackend:
                         for p in range(world_size) if p != rank}
         # Every rank cuts the same segments: from the smallest region of the world.
         self.stage_bytes = min(int(t["coll"]["stage_bytes"]) for t in table)
+
+    def split_backend(self, rank: int, world_size: int,
+                      rendezvous: Callable[[dict], list[dict]]) -> SoftwareBackend:
+        """A new engine for ``rank`` of a sub-communicator of ``world_size`` ranks: its
+        own UDP port on this engine's address, its own queue pairs, keys and PSNs, with
+        this engine's options (no pcap; an ``impair`` given as an object is not shared
+        between engine threads, one given as a string is parsed again)."""
+        return SoftwareBackend(rank, world_size, bind_ip=self.engine.addr[0], port=0,
+                               rendezvous=rendezvous, **self._options)
 
     @property
     def staging(self) -> CollectiveRegion:
@@ -223,6 +261,21 @@ class SoftwareBackend:
         if self.world_size > 1:
             self.engine.idle_for(linger)
         self.engine.stop()
+        self._close_pcap()
+
+    def abort(self, error_of: Callable[[str], BaseException]) -> None:
+        """Stop the engine at once (its ports are free when this returns), then fail
+        every call still queued or running with ``error_of(its name)``: with the engine
+        thread gone, nothing else touches the jobs."""
+        engine = self.engine
+        engine.failed = engine.failed or error_of("communicator")  # later submissions
+        jobs = engine.jobs
+        queued, jobs.submitted = jobs.submitted, _Refused(error_of)
+        engine.stop()
+        jobs.close_running(lambda job: error_of(job.name))
+        while queued:
+            job = queued.popleft()
+            job.finish(error_of(job.name))
         self._close_pcap()
 
     def _close_pcap(self) -> None:

@@ -135,3 +135,20 @@ def test_backends_are_chosen_by_name() -> None:
     assert "__new__" not in vars(Communicator)       # no subclass picked behind the caller
     with pytest.raises(BackendUnavailableError, match="'nic'"):
         Communicator(0, 1, "nic")
+
+
+def test_a_backend_without_engines_of_its_own_refuses_split_on_every_rank() -> None:
+    # As the sim and board backends: one set of queue pairs per node, calls on the
+    # caller's thread. Every rank gets the same typed error, none hangs.
+    def body(comm: Communicator) -> tuple:
+        try:
+            comm.split(comm.rank % 2)
+        except UnsupportedError as e:
+            split = (e.argument, "loopback" in str(e))
+        try:
+            comm.abort()
+        except UnsupportedError as e:
+            abort = (e.argument, "loopback" in str(e))
+        return split, abort, comm.allreduce(np.ones(4, np.int32)).tolist()
+
+    assert _world(body) == [(("color", True), ("backend", True), [WORLD] * 4)] * WORLD

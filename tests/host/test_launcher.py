@@ -239,3 +239,38 @@ def test_a_signal_while_the_board_builds_stops_the_board(monkeypatch, obey: bool
     (b,) = made
     assert b.proc.poll() is not None, "the board outlived the launcher"
     assert took < (1.5 if obey else 1.0 + 5), took
+
+
+SKIP_SCRIPT = """
+import numpy as np, fpgaccl.host
+comm = fpgaccl.host.init()
+x = np.ones(1000, np.float32)
+for i in range(3):
+    if comm.rank == 2 and i == 2:
+        break  # rank 2 skips the third call
+    comm.allreduce(x)
+print("rank", comm.rank, "done", flush=True)
+"""
+
+
+def test_a_failed_run_prints_every_ranks_flight_record(tmp_path: Path) -> None:
+    script = tmp_path / "skip.py"
+    script.write_text(SKIP_SCRIPT)
+    res = _fpgaccl("run", "-n", "4", "--deadline", "5", "--", sys.executable, str(script))
+    assert res.returncode != 0, res.stderr
+    err = res.stderr
+    assert "flight recorder" in err, err
+    blocks = re.split(r"\n  rank (\d) world ", err.split("flight recorder", 1)[1])
+    by_rank = {int(blocks[i]): blocks[i + 1] for i in range(1, len(blocks), 2)}
+    assert sorted(by_rank) == [0, 1, 2, 3], err
+    # Rank 2 finished two allreduces, and its third call is the barrier of leaving;
+    # every other rank's third call, an allreduce, timed out; the report names the
+    # call where they differ.
+    assert re.search(r"#2 allreduce count=1000 dtype=FLOAT32 op=SUM.*: done", by_rank[2])
+    assert re.search(r"#3 barrier", by_rank[2]), by_rank[2]
+    for r in (0, 1, 3):
+        assert re.search(r"#1 allreduce .*: done", by_rank[r]), by_rank[r]
+        assert re.search(r"#3 allreduce .*: failed .*\(RanksTimeoutError: ", by_rank[r])
+    assert re.search(r"world: the ranks' call #3 differs: allreduce 1000 FLOAT32 SUM "
+                     r"allreduce/\w+ on rank\(s\) \[0, 1, 3\]; barrier on rank\(s\) \[2\]",
+                     err), err

@@ -248,8 +248,16 @@ def test_groups_and_typed_errors(world) -> None:
         assert res[r]["bool"] == ("UnsupportedError", "tensors")
         assert res[r]["uint16"] == ("UnsupportedError", "tensors")
         assert res[r]["coalesced"] == ("UnsupportedError", "input_tensor_list")
-    # new_group([0]): rank 0 is the member that would need a sub-communicator
-    assert res[0]["new_group_subset"] == ("UnsupportedError", "ranks")
+    for r in range(p):
+        sub = res[r]["subgroups"]
+        if r in (0, 1):  # new_group([0, 1]): an allreduce of (rank + 1 + i)
+            assert [t.tolist() for t in sub["a"]] == [[3.0 + 2 * i] * 5 for i in range(5)]
+        if r >= 1:  # new_group([1..p-1]): a broadcast from global rank p - 1
+            assert [t.tolist() for t in sub["b"]] == [[(p - 1) * 10.0 + i] * 3
+                                                      for i in range(5)]
+    assert res[p - 1]["subgroups"]["one"].tolist() == [7.0, 7.0]
+    assert res[p - 1]["subgroups"]["rev"] == (1, p - 1.0)  # torch sorted the ranks
+    assert res[p - 2]["subgroups"]["rev"] == (0, p - 1.0)
 
 
 # ---------------------------------------------------------------- in this process

@@ -175,12 +175,50 @@ def collectives(rank: int, p: int) -> dict[str, Any]:
     t = torch.full((3,), float(rank))
     dist.all_reduce(t, group=g)
     out["new_group_world"] = t
-    out["new_group_subset"] = _error(lambda: dist.new_group([0]))
+    out["subgroups"] = _subgroups(rank, p)
     out["tag"] = _error(lambda: dist.send(torch.ones(1), (rank + 1) % p, tag=7))
     out["bool"] = _error(lambda: dist.all_reduce(torch.ones(2, dtype=torch.bool)))
     out["uint16"] = _error(lambda: dist.broadcast(torch.ones(2, dtype=torch.uint16), 0))
     out["coalesced"] = _error(lambda: dist.all_gather_coalesced([[torch.ones(2)] * p],
                                                                 [torch.ones(2)]))
+    dist.barrier()
+    return out
+
+
+def _subgroups(rank: int, p: int) -> dict[str, Any]:
+    """Two overlapping subgroups (every rank calls new_group, as torch requires), used in
+    opposite orders on the ranks they share; a group of one; a group given in reversed
+    order (torch sorts it)."""
+    a = dist.new_group([0, 1])
+    b = dist.new_group(list(range(1, p)))
+    one = dist.new_group([p - 1])
+    rev = dist.new_group(list(range(p))[::-1][:2])  # ranks p-1, p-2
+    out: dict[str, Any] = {}
+    for i in range(5):
+        works = {}
+        calls = []
+        if rank in (0, 1):
+            ta = torch.full((5,), float(rank + 1 + i))
+            calls.append(("a", lambda ta=ta: (ta, dist.all_reduce(ta, group=a, async_op=True))))
+        if rank >= 1:
+            tb = torch.full((3,), float(rank * 10 + i))
+            calls.append(("b", lambda tb=tb: (tb, dist.broadcast(tb, src=p - 1, group=b,
+                                                                 async_op=True))))
+        if rank % 2 == 1:
+            calls.reverse()
+        for name, call in calls:
+            works[name] = call()
+        for name, (t, w) in works.items():
+            w.wait()
+            out.setdefault(name, []).append(t.clone())
+    if rank == p - 1:
+        t = torch.full((2,), 7.0)
+        dist.all_reduce(t, group=one)
+        out["one"] = t
+    if rank >= p - 2:
+        t = torch.full((1,), float(rank))
+        dist.broadcast(t, src=p - 1, group=rev)
+        out["rev"] = (dist.get_group_rank(rev, rank), t.item())
     dist.barrier()
     return out
 
