@@ -50,7 +50,8 @@ if all ``e`` are equal, ``k = 0``, ``z = 0`` and ``base`` is that value; otherwi
 interpreted: NaN payloads, infinities, subnormals and -0.0 round-trip bit for bit.
 
 A decoder rejects (:class:`~fpgaccl.errors.MalformedHeaderError`, header ``codec``) a
-header with reserved bits set, ``k > E``, ``base >= 2**E``, ``z = 1`` with ``k = 0``, a
+header with reserved bits set, ``k > E``, ``base >= 2**E``, ``z = 1`` with ``k = 0`` or
+``base = 0`` (never written: ``base`` is then a non-zero exponent), a
 code whose exponent would not fit ``E`` bits, and input that ends inside a block or goes
 on past the last one.
 """
@@ -225,8 +226,8 @@ def block_offsets(data: bytes | np.ndarray, f: Format, blocks: int) -> np.ndarra
             raise _malformed("k", f"block {b}: k={k} exceeds {f.exp_bits} exponent bits")
         if base >> f.exp_bits:
             raise _malformed("base", f"block {b}: base {base} exceeds {f.exp_bits} bits")
-        if head >> Z_BIT and k == 0:
-            raise _malformed("z", f"block {b}: z=1 with k=0")
+        if head >> Z_BIT and (k == 0 or base == 0):
+            raise _malformed("z", f"block {b}: z=1 with k={k}, base={base}")
         at += fixed + plane * k
     offsets[blocks] = at
     return offsets

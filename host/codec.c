@@ -1,0 +1,314 @@
+/* The block codec of proto/codec.py in C, byte for byte the same (see its docstring for
+ * the format). The geometry comes from the caller (proto's Format); BLOCK is checked
+ * against proto's at load. A generic path codes any (E, M); bfloat16 has an AVX2 path,
+ * chosen at run time, that codes a block from registers: exponent planes come out of
+ * movemask, and back through a byte shuffle and compare. */
+
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <immintrin.h>
+
+#define BLOCK 64
+
+enum { CC_SHORT = -1, CC_RESERVED = -2, CC_K = -3, CC_BASE = -4, CC_Z = -5, CC_CODE = -6,
+       CC_LONG = -7, CC_FORMAT = -8 };
+
+typedef struct {
+    int bits, E, M, S, sbytes, sbits, width; /* width: bytes per element */
+    uint32_t emask, mmask;
+} fmt_t;
+
+int cc_block(void) { return BLOCK; }
+
+static int fmt_init(fmt_t *f, int bits, int E, int M) {
+    if ((bits != 16 && bits != 32) || 1 + E + M != bits || E < 1 || E > 8)
+        return 0;
+    f->bits = bits; f->E = E; f->M = M; f->S = 1 + M;
+    f->sbytes = f->S / 8; f->sbits = f->S % 8; f->width = bits / 8;
+    f->emask = (1u << E) - 1; f->mmask = (1u << M) - 1;
+    return 1;
+}
+
+static inline int bitlen(uint32_t v) { return v ? 32 - __builtin_clz(v) : 0; }
+
+/* The canonical (k, z, base) of proto.codec.block_params. */
+static inline int choose(int lo, int hi, int lo_nz, int E, int *z, int *base) {
+    int k0 = bitlen((uint32_t)(hi - lo));
+    int k1 = lo_nz <= hi ? bitlen((uint32_t)(hi - lo_nz + 1)) : E + 1;
+    if (k1 < k0) { *z = 1; *base = lo_nz; return k1; }
+    *z = 0; *base = lo;
+    return k0;
+}
+
+static inline void put64(uint8_t *o, uint64_t w) { memcpy(o, &w, 8); }
+static inline uint64_t get64(const uint8_t *o) { uint64_t w; memcpy(&w, o, 8); return w; }
+
+static inline uint32_t load_elem(const uint8_t *p, int width) {
+    if (width == 2) { uint16_t v; memcpy(&v, p, 2); return v; }
+    uint32_t v; memcpy(&v, p, 4); return v;
+}
+
+static uint8_t *enc_block_generic(const fmt_t *f, const uint8_t *src, uint8_t *o) {
+    uint32_t e[BLOCK], sm[BLOCK];
+    int lo = 1 << f->E, hi = 0, lo_nz = 1 << f->E;
+    for (int i = 0; i < BLOCK; i++) {
+        uint32_t x = load_elem(src + i * f->width, f->width);
+        e[i] = (x >> f->M) & f->emask;
+        sm[i] = ((x >> (f->E + f->M)) << f->M) | (x & f->mmask);
+        int v = (int)e[i];
+        lo = v < lo ? v : lo;
+        hi = v > hi ? v : hi;
+        if (v && v < lo_nz) lo_nz = v;
+    }
+    int z, base, k = choose(lo, hi, lo_nz, f->E, &z, &base);
+    o[0] = (uint8_t)(k | z << 4);
+    o[1] = (uint8_t)base;
+    o += 2;
+    for (int p = 0; p < f->sbytes; p++, o += BLOCK)
+        for (int i = 0; i < BLOCK; i++) o[i] = (uint8_t)(sm[i] >> (8 * p));
+    for (int j = 0; j < f->sbits; j++, o += 8) {
+        uint64_t w = 0;
+        for (int i = 0; i < BLOCK; i++) w |= (uint64_t)((sm[i] >> (8 * f->sbytes + j)) & 1) << i;
+        put64(o, w);
+    }
+    uint32_t code[BLOCK];
+    for (int i = 0; i < BLOCK; i++)
+        code[i] = z ? (e[i] ? e[i] - (uint32_t)base + 1 : 0) : e[i] - (uint32_t)base;
+    for (int j = 0; j < k; j++, o += 8) {
+        uint64_t w = 0;
+        for (int i = 0; i < BLOCK; i++) w |= (uint64_t)((code[i] >> j) & 1) << i;
+        put64(o, w);
+    }
+    return o;
+}
+
+/* Header checks of proto.codec.block_offsets; returns k, or a negative CC_ code. */
+static inline int check_header(const fmt_t *f, const uint8_t *in) {
+    int head = in[0], base = in[1], k = head & 0xF;
+    if (head >> 5) return CC_RESERVED;
+    if (k > f->E) return CC_K;
+    if (base >> f->E) return CC_BASE;
+    if ((head >> 4) && (k == 0 || base == 0)) return CC_Z;
+    return k;
+}
+
+static int dec_block_generic(const fmt_t *f, const uint8_t *in, int k, uint8_t *dst) {
+    int z = in[0] >> 4 & 1, base = in[1];
+    uint32_t sm[BLOCK] = {0}, code[BLOCK] = {0};
+    const uint8_t *p = in + 2;
+    for (int b = 0; b < f->sbytes; b++, p += BLOCK)
+        for (int i = 0; i < BLOCK; i++) sm[i] |= (uint32_t)p[i] << (8 * b);
+    for (int j = 0; j < f->sbits; j++, p += 8) {
+        uint64_t w = get64(p);
+        for (int i = 0; i < BLOCK; i++) sm[i] |= (uint32_t)((w >> i) & 1) << (8 * f->sbytes + j);
+    }
+    for (int j = 0; j < k; j++, p += 8) {
+        uint64_t w = get64(p);
+        for (int i = 0; i < BLOCK; i++) code[i] |= (uint32_t)((w >> i) & 1) << j;
+    }
+    uint32_t over = 0;
+    for (int i = 0; i < BLOCK; i++) {
+        uint32_t e = z ? (code[i] ? (uint32_t)base + code[i] - 1 : 0) : (uint32_t)base + code[i];
+        over |= e & ~f->emask;
+        uint32_t x = ((sm[i] >> f->M) << (f->E + f->M)) | (e << f->M) | (sm[i] & f->mmask);
+        if (f->width == 2) { uint16_t v = (uint16_t)x; memcpy(dst + 2 * i, &v, 2); }
+        else memcpy(dst + 4 * i, &x, 4);
+    }
+    return over ? CC_CODE : 0;
+}
+
+/* ---- bfloat16, AVX2 ---- */
+
+__attribute__((target("avx2"))) static inline int hmin_u8(__m256i v) {
+    __m128i m = _mm_min_epu8(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    m = _mm_min_epu8(m, _mm_srli_si128(m, 8));
+    m = _mm_min_epu8(m, _mm_srli_si128(m, 4));
+    m = _mm_min_epu8(m, _mm_srli_si128(m, 2));
+    m = _mm_min_epu8(m, _mm_srli_si128(m, 1));
+    return _mm_cvtsi128_si32(m) & 0xFF;
+}
+
+__attribute__((target("avx2"))) static inline int hmax_u8(__m256i v) {
+    __m128i m = _mm_max_epu8(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    m = _mm_max_epu8(m, _mm_srli_si128(m, 8));
+    m = _mm_max_epu8(m, _mm_srli_si128(m, 4));
+    m = _mm_max_epu8(m, _mm_srli_si128(m, 2));
+    m = _mm_max_epu8(m, _mm_srli_si128(m, 1));
+    return _mm_cvtsi128_si32(m) & 0xFF;
+}
+
+/* 32 bf16 (two registers) -> their exponent bytes and sign/mantissa bytes, in order. */
+__attribute__((target("avx2"))) static inline void bf16_split(const uint8_t *src, __m256i *e,
+                                                              __m256i *sm) {
+    __m256i a = _mm256_loadu_si256((const __m256i *)src);
+    __m256i b = _mm256_loadu_si256((const __m256i *)(src + 32));
+    const __m256i m7f = _mm256_set1_epi16(0x7F), mff = _mm256_set1_epi16(0xFF),
+                  m80 = _mm256_set1_epi16(0x80);
+    __m256i ea = _mm256_and_si256(_mm256_srli_epi16(a, 7), mff);
+    __m256i eb = _mm256_and_si256(_mm256_srli_epi16(b, 7), mff);
+    __m256i sa = _mm256_or_si256(_mm256_and_si256(a, m7f), _mm256_and_si256(_mm256_srli_epi16(a, 8), m80));
+    __m256i sb = _mm256_or_si256(_mm256_and_si256(b, m7f), _mm256_and_si256(_mm256_srli_epi16(b, 8), m80));
+    *e = _mm256_permute4x64_epi64(_mm256_packus_epi16(ea, eb), 0xD8);
+    *sm = _mm256_permute4x64_epi64(_mm256_packus_epi16(sa, sb), 0xD8);
+}
+
+__attribute__((target("avx2"))) static uint8_t *enc_block_bf16(const uint8_t *src, uint8_t *o) {
+    __m256i e0, e1, s0, s1;
+    bf16_split(src, &e0, &s0);
+    bf16_split(src + 64, &e1, &s1);
+    const __m256i one = _mm256_set1_epi8(1);
+    int lo = hmin_u8(_mm256_min_epu8(e0, e1)), hi = hmax_u8(_mm256_max_epu8(e0, e1));
+    /* e - 1 wraps 0 to 255, so its minimum + 1 is the least non-zero exponent (256: none) */
+    int lo_nz = hmin_u8(_mm256_min_epu8(_mm256_sub_epi8(e0, one), _mm256_sub_epi8(e1, one))) + 1;
+    int z, base, k = choose(lo, hi, lo_nz, 8, &z, &base);
+    o[0] = (uint8_t)(k | z << 4);
+    o[1] = (uint8_t)base;
+    _mm256_storeu_si256((__m256i *)(o + 2), s0);
+    _mm256_storeu_si256((__m256i *)(o + 34), s1);
+    o += 66;
+    if (k == 0) return o;
+    __m256i c0, c1;
+    if (z) {
+        __m256i off = _mm256_set1_epi8((char)(base - 1)), zero = _mm256_setzero_si256();
+        c0 = _mm256_andnot_si256(_mm256_cmpeq_epi8(e0, zero), _mm256_sub_epi8(e0, off));
+        c1 = _mm256_andnot_si256(_mm256_cmpeq_epi8(e1, zero), _mm256_sub_epi8(e1, off));
+    } else {
+        __m256i off = _mm256_set1_epi8((char)base);
+        c0 = _mm256_sub_epi8(e0, off);
+        c1 = _mm256_sub_epi8(e1, off);
+    }
+    /* bit j of each byte to its top, for movemask; the 16-bit shift keeps bytes apart */
+    c0 = _mm256_slli_epi16(c0, 8 - k);
+    c1 = _mm256_slli_epi16(c1, 8 - k);
+    for (int j = k - 1; j >= 0; j--) {
+        uint32_t w0 = (uint32_t)_mm256_movemask_epi8(c0), w1 = (uint32_t)_mm256_movemask_epi8(c1);
+        put64(o + 8 * j, (uint64_t)w1 << 32 | w0);
+        c0 = _mm256_add_epi8(c0, c0);
+        c1 = _mm256_add_epi8(c1, c1);
+    }
+    return o + 8 * k;
+}
+
+/* 32 bits -> 32 bytes, 0xFF where the bit is set. */
+__attribute__((target("avx2"))) static inline __m256i bits_to_bytes(uint32_t w) {
+    const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                            2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+    const __m256i sel = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)w), spread);
+    return _mm256_cmpeq_epi8(_mm256_and_si256(v, sel), sel);
+}
+
+__attribute__((target("avx2"))) static inline void bf16_join(uint8_t *dst, __m256i e, __m256i sm) {
+    e = _mm256_permute4x64_epi64(e, 0xD8);
+    sm = _mm256_permute4x64_epi64(sm, 0xD8);
+    __m256i lo = _mm256_unpacklo_epi8(sm, e), hi = _mm256_unpackhi_epi8(sm, e);
+    const __m256i m7f = _mm256_set1_epi16(0x7F), m8000 = _mm256_set1_epi16((short)0x8000),
+                  m7f80 = _mm256_set1_epi16(0x7F80);
+    lo = _mm256_or_si256(_mm256_or_si256(_mm256_and_si256(lo, m7f),
+                                         _mm256_and_si256(_mm256_slli_epi16(lo, 8), m8000)),
+                         _mm256_and_si256(_mm256_srli_epi16(lo, 1), m7f80));
+    hi = _mm256_or_si256(_mm256_or_si256(_mm256_and_si256(hi, m7f),
+                                         _mm256_and_si256(_mm256_slli_epi16(hi, 8), m8000)),
+                         _mm256_and_si256(_mm256_srli_epi16(hi, 1), m7f80));
+    _mm256_storeu_si256((__m256i *)dst, lo);
+    _mm256_storeu_si256((__m256i *)(dst + 32), hi);
+}
+
+__attribute__((target("avx2"))) static int dec_block_bf16(const uint8_t *in, int k, uint8_t *dst) {
+    int z = in[0] >> 4 & 1, base = in[1];
+    __m256i s0 = _mm256_loadu_si256((const __m256i *)(in + 2));
+    __m256i s1 = _mm256_loadu_si256((const __m256i *)(in + 34));
+    __m256i c0 = _mm256_setzero_si256(), c1 = _mm256_setzero_si256();
+    const uint8_t *p = in + 66;
+    for (int j = 0; j < k; j++, p += 8) {
+        uint64_t w = get64(p);
+        __m256i bit = _mm256_set1_epi8((char)(1 << j));
+        c0 = _mm256_or_si256(c0, _mm256_and_si256(bits_to_bytes((uint32_t)w), bit));
+        c1 = _mm256_or_si256(c1, _mm256_and_si256(bits_to_bytes((uint32_t)(w >> 32)), bit));
+    }
+    __m256i e0, e1, over;
+    if (z) {
+        __m256i off = _mm256_set1_epi8((char)(base - 1)), zero = _mm256_setzero_si256();
+        __m256i nz0 = _mm256_cmpeq_epi8(c0, zero), nz1 = _mm256_cmpeq_epi8(c1, zero); /* code 0 */
+        __m256i t0 = _mm256_adds_epu8(c0, off), t1 = _mm256_adds_epu8(c1, off);
+        /* a non-zero code overflows where the wrapping sum differs from the saturating one */
+        __m256i w0 = _mm256_add_epi8(c0, off), w1 = _mm256_add_epi8(c1, off);
+        over = _mm256_or_si256(_mm256_andnot_si256(nz0, _mm256_xor_si256(w0, t0)),
+                               _mm256_andnot_si256(nz1, _mm256_xor_si256(w1, t1)));
+        e0 = _mm256_andnot_si256(nz0, w0);
+        e1 = _mm256_andnot_si256(nz1, w1);
+    } else {
+        __m256i off = _mm256_set1_epi8((char)base);
+        e0 = _mm256_add_epi8(c0, off);
+        e1 = _mm256_add_epi8(c1, off);
+        over = _mm256_or_si256(_mm256_xor_si256(e0, _mm256_adds_epu8(c0, off)),
+                               _mm256_xor_si256(e1, _mm256_adds_epu8(c1, off)));
+    }
+    bf16_join(dst, e0, s0);
+    bf16_join(dst + 64, e1, s1);
+    return _mm256_testz_si256(over, over) ? 0 : CC_CODE;
+}
+
+static int use_avx2 = -1;
+
+static inline int avx2(void) {
+    if (use_avx2 < 0) use_avx2 = __builtin_cpu_supports("avx2");
+    return use_avx2;
+}
+
+/* Force the generic path (tests hold both to the same bytes); returns the previous state. */
+int cc_set_vector(int on) {
+    int was = avx2();
+    use_avx2 = on ? __builtin_cpu_supports("avx2") : 0;
+    return was;
+}
+
+int cc_vector(void) { return avx2(); }
+
+/* Codes count elements of src into dst (room: proto.codec.encoded_size_bound); returns
+ * the bytes written, or CC_FORMAT. */
+int64_t cc_encode(int bits, int E, int M, const uint8_t *src, uint64_t count, uint8_t *dst) {
+    fmt_t f;
+    if (!fmt_init(&f, bits, E, M)) return CC_FORMAT;
+    uint64_t nb = count / BLOCK;
+    uint8_t *o = dst;
+    int fast = bits == 16 && E == 8 && avx2();
+    for (uint64_t b = 0; b < nb; b++, src += BLOCK * f.width)
+        o = fast ? enc_block_bf16(src, o) : enc_block_generic(&f, src, o);
+    uint64_t tail = (count % BLOCK) * (uint64_t)f.width;
+    memcpy(o, src, tail);
+    return (int64_t)(o - dst) + (int64_t)tail;
+}
+
+/* Decodes len bytes into count elements at dst; returns 0, or a negative CC_ code with
+ * the block it concerns in *where (dst then holds an undefined part of the result). */
+int64_t cc_decode(int bits, int E, int M, const uint8_t *in, uint64_t len, uint64_t count,
+                  uint8_t *dst, uint64_t *where) {
+    fmt_t f;
+    if (!fmt_init(&f, bits, E, M)) return CC_FORMAT;
+    uint64_t nb = count / BLOCK, at = 0;
+    uint64_t fixed = 2 + BLOCK * (uint64_t)f.sbytes + 8 * (uint64_t)f.sbits;
+    for (uint64_t b = 0; b < nb; b++) { /* every header and the length first, as proto does */
+        *where = b;
+        if (at + 1 >= len) return CC_SHORT;
+        int k = check_header(&f, in + at);
+        if (k < 0) return k;
+        at += fixed + 8 * (uint64_t)k;
+    }
+    *where = nb;
+    uint64_t tail = (count % BLOCK) * (uint64_t)f.width;
+    if (at + tail != len) return at + tail > len ? CC_SHORT : CC_LONG;
+    int fast = bits == 16 && E == 8 && avx2();
+    at = 0;
+    for (uint64_t b = 0; b < nb; b++, dst += BLOCK * f.width) {
+        int k = in[at] & 0xF;
+        *where = b;
+        int r = fast ? dec_block_bf16(in + at, k, dst) : dec_block_generic(&f, in + at, k, dst);
+        if (r < 0) return r;
+        at += fixed + 8 * (uint64_t)k;
+    }
+    memcpy(dst, in + at, tail);
+    return 0;
+}
