@@ -122,3 +122,9 @@ def test_buffers_and_bad_arguments():
     with pytest.raises(InvalidArgumentError) as e:
         native.encode(a, "bf16")
     assert e.value.argument == "array"
+
+
+def test_the_c_source_is_shipped():
+    import tomllib
+    cfg = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
+    assert native.SOURCE.name in cfg["tool"]["setuptools"]["package-data"]["fpgaccl.host"]
