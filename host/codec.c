@@ -1,8 +1,9 @@
 /* The block codec of proto/codec.py in C, byte for byte the same (see its docstring for
  * the format). The geometry comes from the caller (proto's Format); BLOCK is checked
- * against proto's at load. A generic path codes any (E, M); bfloat16 has an AVX2 path,
- * chosen at run time, that codes a block from registers: exponent planes come out of
- * movemask, and back through a byte shuffle and compare. */
+ * against proto's at load. A generic path codes any (E, M); with AVX2 (chosen at run
+ * time) bfloat16 codes a block from registers, and float16/float32 split elements into
+ * byte arrays in loops the compiler vectorises; bit planes come out of movemask and
+ * back through a byte shuffle and compare. */
 
 #include <stddef.h>
 #include <stdint.h>
@@ -251,6 +252,158 @@ __attribute__((target("avx2"))) static int dec_block_bf16(const uint8_t *in, int
     return _mm256_testz_si256(over, over) ? 0 : CC_CODE;
 }
 
+/* ---- float16 / float32, AVX2: element loops the compiler vectorises, planes as above ---- */
+
+/* Bit planes first..first+n-1 of 64 bytes (each below 2**(first+n)) -> n*8 bytes. */
+__attribute__((target("avx2"))) static inline void planes_out(const uint8_t *v, int first, int n,
+                                                              uint8_t *o) {
+    if (n == 0) return;
+    __m128i s = _mm_cvtsi32_si128(8 - first - n);
+    __m256i a = _mm256_sll_epi16(_mm256_loadu_si256((const __m256i *)v), s);
+    __m256i b = _mm256_sll_epi16(_mm256_loadu_si256((const __m256i *)(v + 32)), s);
+    for (int j = n - 1; j >= 0; j--) {
+        uint32_t wa = (uint32_t)_mm256_movemask_epi8(a), wb = (uint32_t)_mm256_movemask_epi8(b);
+        put64(o + 8 * j, (uint64_t)wb << 32 | wa);
+        a = _mm256_add_epi8(a, a);
+        b = _mm256_add_epi8(b, b);
+    }
+}
+
+/* n*8 bytes of bit planes -> 64 bytes, plane j as bit first+j. */
+__attribute__((target("avx2"))) static inline void planes_in(const uint8_t *p, int first, int n,
+                                                             uint8_t *v) {
+    __m256i a = _mm256_setzero_si256(), b = _mm256_setzero_si256();
+    for (int j = 0; j < n; j++, p += 8) {
+        uint64_t w = get64(p);
+        __m256i bit = _mm256_set1_epi8((char)(1 << (first + j)));
+        a = _mm256_or_si256(a, _mm256_and_si256(bits_to_bytes((uint32_t)w), bit));
+        b = _mm256_or_si256(b, _mm256_and_si256(bits_to_bytes((uint32_t)(w >> 32)), bit));
+    }
+    _mm256_storeu_si256((__m256i *)v, a);
+    _mm256_storeu_si256((__m256i *)(v + 32), b);
+}
+
+/* width 2 with S = 11 (one byte plane, 3 bit planes) or width 4 with S = 24 (3 byte planes) */
+__attribute__((target("avx2"), always_inline)) static inline uint8_t *
+enc_block_planar(const uint8_t *src, uint8_t *o, const int width, const int E, const int M) {
+    uint8_t e[BLOCK], s0[BLOCK], s1[BLOCK], s2[BLOCK], code[BLOCK];
+    const uint32_t emask = (1u << E) - 1, mmask = (1u << M) - 1;
+    if (width == 2) {
+        uint16_t x[BLOCK];
+        memcpy(x, src, sizeof x);
+        for (int i = 0; i < BLOCK; i++) { /* 16-bit lanes: twice as many per register */
+            uint16_t v = x[i], sm = (uint16_t)(((v >> (E + M)) << M) | (v & mmask));
+            e[i] = (uint8_t)((v >> M) & emask);
+            s0[i] = (uint8_t)sm;
+            s1[i] = (uint8_t)(sm >> 8);
+        }
+    } else {
+        uint32_t x[BLOCK];
+        memcpy(x, src, sizeof x);
+        for (int i = 0; i < BLOCK; i++) {
+            uint32_t v = x[i], sm = ((v >> (E + M)) << M) | (v & mmask);
+            e[i] = (uint8_t)((v >> M) & emask);
+            s0[i] = (uint8_t)sm;
+            s1[i] = (uint8_t)(sm >> 8);
+            s2[i] = (uint8_t)(sm >> 16);
+        }
+    }
+    uint8_t lo = 255, hi = 0, lo_nz1 = 255;
+    for (int i = 0; i < BLOCK; i++) {
+        lo = e[i] < lo ? e[i] : lo;
+        hi = e[i] > hi ? e[i] : hi;
+        uint8_t m1 = (uint8_t)(e[i] - 1); /* 0 wraps to 255 */
+        lo_nz1 = m1 < lo_nz1 ? m1 : lo_nz1;
+    }
+    int lo_nz = lo_nz1 + 1;
+    if (lo_nz > (int)emask) lo_nz = 1 << E; /* none */
+    int z, base, k = choose(lo, hi, lo_nz, E, &z, &base);
+    o[0] = (uint8_t)(k | z << 4);
+    o[1] = (uint8_t)base;
+    o += 2;
+    memcpy(o, s0, BLOCK);
+    o += BLOCK;
+    if (width == 2) {
+        planes_out(s1, 0, 3, o);
+        o += 24;
+    } else {
+        memcpy(o, s1, BLOCK);
+        memcpy(o + BLOCK, s2, BLOCK);
+        o += 2 * BLOCK;
+    }
+    if (k == 0) return o;
+    const uint8_t off = (uint8_t)(z ? base - 1 : base);
+    for (int i = 0; i < BLOCK; i++)
+        code[i] = (uint8_t)((z && e[i] == 0) ? 0 : (uint8_t)(e[i] - off));
+    planes_out(code, 0, k, o);
+    return o + 8 * k;
+}
+
+__attribute__((target("avx2"), always_inline)) static inline int
+dec_block_planar(const uint8_t *in, int k, uint8_t *dst, const int width, const int E,
+                 const int M) {
+    const int z = in[0] >> 4 & 1, base = in[1];
+    const uint32_t emask = (1u << E) - 1, mmask = (1u << M) - 1;
+    uint8_t s1[BLOCK], s2[BLOCK], code[BLOCK];
+    const uint8_t *s0 = in + 2, *p = in + 2 + BLOCK;
+    if (width == 2) {
+        planes_in(p, 0, 3, s1);
+        p += 24;
+    } else {
+        memcpy(s1, p, BLOCK);
+        memcpy(s2, p + BLOCK, BLOCK);
+        p += 2 * BLOCK;
+    }
+    planes_in(p, 0, k, code);
+    /* exponents as bytes first (32 lanes), checked in 16 bits, then widened once */
+    const uint8_t off = (uint8_t)(z ? base - 1 : base);
+    uint8_t e[BLOCK];
+    uint16_t over = 0;
+    for (int i = 0; i < BLOCK; i++) {
+        uint16_t wide = (uint16_t)(code[i] + off);
+        uint8_t keep = (z && code[i] == 0) ? 0 : 0xFF;
+        over |= (uint16_t)(wide & ~emask & (uint16_t)(keep * 0x0101u));
+        e[i] = (uint8_t)wide & keep;
+    }
+    if (width == 2) {
+        uint16_t x[BLOCK];
+        for (int i = 0; i < BLOCK; i++) {
+            uint16_t sm = (uint16_t)(s0[i] | s1[i] << 8);
+            x[i] = (uint16_t)(((sm >> M) << (E + M)) | (uint16_t)(e[i] << M) | (sm & mmask));
+        }
+        memcpy(dst, x, sizeof x);
+    } else {
+        uint32_t x[BLOCK];
+        for (int i = 0; i < BLOCK; i++)
+            x[i] = (uint32_t)(s2[i] >> 7) << 31 | (uint32_t)e[i] << 23
+                 | (uint32_t)(s2[i] & 0x7F) << 16 | (uint32_t)s1[i] << 8 | s0[i];
+        memcpy(dst, x, sizeof x);
+    }
+    return over ? CC_CODE : 0;
+}
+
+/* Whole runs of blocks per vector path, so that each is compiled with its geometry as
+ * constants (the dispatch matched it exactly) and no call is made per block. */
+#define RUNS(name, width, E, M)                                                            \
+    __attribute__((target("avx2"))) static uint8_t *enc_run_##name(const uint8_t *src,     \
+                                                                  uint64_t nb, uint8_t *o) { \
+        for (uint64_t b = 0; b < nb; b++, src += BLOCK * width)                          \
+            o = enc_block_planar(src, o, width, E, M);                                     \
+        return o;                                                                          \
+    }                                                                                      \
+    __attribute__((target("avx2"))) static int dec_run_##name(const uint8_t *in,          \
+                                                             uint64_t nb, uint8_t *dst,    \
+                                                             uint64_t *where) {            \
+        for (uint64_t b = 0; b < nb; b++, dst += BLOCK * width) {                        \
+            int k = in[0] & 0xF;                                                           \
+            if (dec_block_planar(in, k, dst, width, E, M)) { *where = b; return CC_CODE; } \
+            in += 2 + BLOCK * ((1 + M) / 8) + 8 * ((1 + M) % 8) + 8 * k;                   \
+        }                                                                                  \
+        return 0;                                                                          \
+    }
+RUNS(fp16, 2, 5, 10)
+RUNS(fp32, 4, 8, 23)
+
 static int use_avx2 = -1;
 
 static inline int avx2(void) {
@@ -267,6 +420,15 @@ int cc_set_vector(int on) {
 
 int cc_vector(void) { return avx2(); }
 
+/* 1: bfloat16; 2: float16; 4: float32; 0: generic. */
+static int vector_path(const fmt_t *f) {
+    if (!avx2()) return 0;
+    if (f->width == 2 && f->E == 8 && f->M == 7) return 1;
+    if (f->width == 2 && f->E == 5 && f->M == 10) return 2;
+    if (f->width == 4 && f->E == 8 && f->M == 23) return 4;
+    return 0;
+}
+
 /* Codes count elements of src into dst (room: proto.codec.encoded_size_bound); returns
  * the bytes written, or CC_FORMAT. */
 int64_t cc_encode(int bits, int E, int M, const uint8_t *src, uint64_t count, uint8_t *dst) {
@@ -274,9 +436,14 @@ int64_t cc_encode(int bits, int E, int M, const uint8_t *src, uint64_t count, ui
     if (!fmt_init(&f, bits, E, M)) return CC_FORMAT;
     uint64_t nb = count / BLOCK;
     uint8_t *o = dst;
-    int fast = bits == 16 && E == 8 && avx2();
-    for (uint64_t b = 0; b < nb; b++, src += BLOCK * f.width)
-        o = fast ? enc_block_bf16(src, o) : enc_block_generic(&f, src, o);
+    int path = vector_path(&f);
+    if (path == 2 || path == 4) {
+        o = path == 2 ? enc_run_fp16(src, nb, o) : enc_run_fp32(src, nb, o);
+        src += nb * BLOCK * f.width;
+    } else {
+        for (uint64_t b = 0; b < nb; b++, src += BLOCK * f.width)
+            o = path == 1 ? enc_block_bf16(src, o) : enc_block_generic(&f, src, o);
+    }
     uint64_t tail = (count % BLOCK) * (uint64_t)f.width;
     memcpy(o, src, tail);
     return (int64_t)(o - dst) + (int64_t)tail;
@@ -300,14 +467,20 @@ int64_t cc_decode(int bits, int E, int M, const uint8_t *in, uint64_t len, uint6
     *where = nb;
     uint64_t tail = (count % BLOCK) * (uint64_t)f.width;
     if (at + tail != len) return at + tail > len ? CC_SHORT : CC_LONG;
-    int fast = bits == 16 && E == 8 && avx2();
-    at = 0;
-    for (uint64_t b = 0; b < nb; b++, dst += BLOCK * f.width) {
-        int k = in[at] & 0xF;
-        *where = b;
-        int r = fast ? dec_block_bf16(in + at, k, dst) : dec_block_generic(&f, in + at, k, dst);
+    int path = vector_path(&f);
+    if (path == 2 || path == 4) {
+        int r = path == 2 ? dec_run_fp16(in, nb, dst, where) : dec_run_fp32(in, nb, dst, where);
         if (r < 0) return r;
-        at += fixed + 8 * (uint64_t)k;
+        dst += nb * BLOCK * f.width;
+    } else {
+        for (uint64_t b = 0, pos = 0; b < nb; b++, dst += BLOCK * f.width) {
+            int k = in[pos] & 0xF;
+            *where = b;
+            int r = path == 1 ? dec_block_bf16(in + pos, k, dst)
+                              : dec_block_generic(&f, in + pos, k, dst);
+            if (r < 0) return r;
+            pos += fixed + 8 * (uint64_t)k;
+        }
     }
     memcpy(dst, in + at, tail);
     return 0;
