@@ -49,6 +49,16 @@ if all ``e`` are equal, ``k = 0``, ``z = 0`` and ``base`` is that value; otherwi
 2-byte header (1.6 % for bf16 and fp16, 0.8 % for fp32). Nothing of the value is
 interpreted: NaN payloads, infinities, subnormals and -0.0 round-trip bit for bit.
 
+Negotiation
+-----------
+A call says how its payload travels with a :class:`Codec` (4 bits; 0 = raw), resolved
+from the user's ``compression`` ("off", "on", "auto") by :func:`choose_codec` from
+what every rank of the call has alike (mode, dtype), so ranks agree without talking.
+The field belongs in the call signature (``proto/signature.py``): its byte 30 holds
+``kind`` in 3 bits, so ``codec << 4 | kind`` there leaves today's records (codec 0)
+unchanged, puts the codec under the digest, and a mismatch names ``compression``. Not
+yet done there: that module is being changed by the engine's owners.
+
 A decoder rejects (:class:`~fpgaccl.errors.MalformedHeaderError`, header ``codec``) a
 header with reserved bits set, ``k > E``, ``base >= 2**E``, ``z = 1`` with ``k = 0`` or
 ``base = 0`` (never written: ``base`` is then a non-zero exponent), a
@@ -59,10 +69,11 @@ on past the last one.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import IntEnum
 
 import numpy as np
 
-from fpgaccl.errors import InvalidArgumentError, MalformedHeaderError
+from fpgaccl.errors import InvalidArgumentError, MalformedHeaderError, UnsupportedError
 
 from .reduce import DType
 
@@ -71,6 +82,18 @@ BLOCK = 64
 HEADER_BYTES = 2
 K_BITS = 4
 Z_BIT = 4
+
+
+class Codec(IntEnum):
+    """How a call's payload is coded on the wire."""
+
+    NONE = 0
+    EXP_BLOCK64 = 1
+    """This module's format: 64-element blocks, exponents against a per-block base."""
+
+
+CODEC_BITS = 4
+COMPRESSION_MODES = ("off", "on", "auto")
 
 
 @dataclass(frozen=True)
@@ -138,6 +161,24 @@ def format_of(dtype: DType | str | np.dtype) -> Format:
         raise InvalidArgumentError("dtype", f"{dtype!r} is not a coded dtype "
                                    "(bfloat16, float16, float32)")
     return FORMATS[key]
+
+
+def choose_codec(compression: str, dtype: DType | str | np.dtype) -> Codec:
+    """The codec a call uses: "off" none; "on" this format, an error for a dtype it does
+    not code; "auto" this format where the dtype is coded (bf16, fp16, fp32), else none."""
+    if compression not in COMPRESSION_MODES:
+        raise InvalidArgumentError("compression", f"{compression!r} is not one of "
+                                   f"{', '.join(COMPRESSION_MODES)}")
+    if compression == "off":
+        return Codec.NONE
+    try:
+        format_of(dtype)
+    except InvalidArgumentError:
+        if compression == "on":
+            raise UnsupportedError("compression", f"no codec for {dtype!r} (bfloat16, "
+                                   "float16, float32 only)") from None
+        return Codec.NONE
+    return Codec.EXP_BLOCK64
 
 
 def encoded_size_bound(count: int, dtype: DType | str | np.dtype) -> int:
@@ -285,5 +326,6 @@ def exponent_fields(array: np.ndarray, dtype: DType | str | np.dtype) -> np.ndar
     return (_bits(array, f) >> f.man_bits) & ((1 << f.exp_bits) - 1)
 
 
-__all__ = ["BLOCK", "FORMATS", "HEADER_BYTES", "Format", "block_offsets", "block_params",
-           "decode", "encode", "encoded_size_bound", "exponent_fields", "format_of"]
+__all__ = ["BLOCK", "CODEC_BITS", "COMPRESSION_MODES", "FORMATS", "HEADER_BYTES", "Codec",
+           "Format", "block_offsets", "block_params", "choose_codec", "decode", "encode",
+           "encoded_size_bound", "exponent_fields", "format_of"]

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fpgaccl.errors import InvalidArgumentError, MalformedHeaderError
+from fpgaccl.errors import InvalidArgumentError, MalformedHeaderError, UnsupportedError
 from fpgaccl.proto import codec
 from fpgaccl.proto.reduce import DType
 
@@ -200,3 +200,17 @@ def test_base_and_code_overflow_rejected():
     with pytest.raises(MalformedHeaderError) as e:
         codec.decode(bytes(data), "fp16", 64)
     assert e.value.field == "code"
+
+
+def test_choose_codec():
+    assert codec.choose_codec("off", "bf16") is codec.Codec.NONE
+    assert codec.choose_codec("on", DType.FLOAT32) is codec.Codec.EXP_BLOCK64
+    assert codec.choose_codec("auto", np.float16) is codec.Codec.EXP_BLOCK64
+    assert codec.choose_codec("auto", "int32") is codec.Codec.NONE
+    assert max(codec.Codec).bit_length() <= codec.CODEC_BITS
+    with pytest.raises(UnsupportedError) as e:
+        codec.choose_codec("on", np.float64)
+    assert e.value.argument == "compression"
+    with pytest.raises(InvalidArgumentError) as e:
+        codec.choose_codec("yes", "bf16")
+    assert e.value.argument == "compression"
