@@ -382,8 +382,42 @@ dec_block_planar(const uint8_t *in, int k, uint8_t *dst, const int width, const 
     return over ? CC_CODE : 0;
 }
 
-/* Whole runs of blocks per vector path, so that each is compiled with its geometry as
- * constants (the dispatch matched it exactly) and no call is made per block. */
+/* One pass over the blocks: each header is checked, then the block decoded. The verdict
+ * is proto's, which checks every header and the length before any code: a code error is
+ * kept, the headers after it are still walked, and it is reported only if they and the
+ * length are good. The walk is a chain of dependent loads, so it is not a pass of its
+ * own: through memory that pass cost as much as the decoding. */
+#define DECODE_LOOP(DECODE_BLOCK)                                                          \
+    do {                                                                                   \
+        uint64_t at = 0, err_at = 0;                                                       \
+        int err = 0;                                                                       \
+        for (uint64_t b = 0; b < nb; b++, dst += BLOCK * f->width) {                       \
+            *where = b;                                                                    \
+            if (at + 1 >= len) return CC_SHORT;                                            \
+            int k = check_header(f, in + at);                                              \
+            if (k < 0) return k;                                                           \
+            uint64_t size = fixed + 8 * (uint64_t)k;                                       \
+            if (!err && at + size <= len) {                                                \
+                int r = DECODE_BLOCK;                                                      \
+                if (r < 0) { err = r; err_at = b; }                                        \
+            }                                                                              \
+            at += size;                                                                    \
+        }                                                                                  \
+        *where = nb;                                                                       \
+        uint64_t tail = (count % BLOCK) * (uint64_t)f->width;                              \
+        if (at + tail != len) return at + tail > len ? CC_SHORT : CC_LONG;                 \
+        if (err) { *where = err_at; return err; }                                          \
+        memcpy(dst, in + at, tail);                                                        \
+        return 0;                                                                          \
+    } while (0)
+
+#define DECODE_ARGS const fmt_t *f, const uint8_t *in, uint64_t len, uint64_t count,       \
+                    uint8_t *dst, uint64_t *where
+#define DECODE_SETUP                                                                       \
+    uint64_t nb = count / BLOCK;                                                           \
+    uint64_t fixed = 2 + BLOCK * (uint64_t)f->sbytes + 8 * (uint64_t)f->sbits
+
+/* Per vector path, with its geometry as constants (the dispatch matched it exactly). */
 #define RUNS(name, width, E, M)                                                            \
     __attribute__((target("avx2"))) static uint8_t *enc_run_##name(const uint8_t *src,     \
                                                                   uint64_t nb, uint8_t *o) { \
@@ -391,18 +425,22 @@ dec_block_planar(const uint8_t *in, int k, uint8_t *dst, const int width, const 
             o = enc_block_planar(src, o, width, E, M);                                     \
         return o;                                                                          \
     }                                                                                      \
-    __attribute__((target("avx2"))) static int dec_run_##name(const uint8_t *in,          \
-                                                             uint64_t nb, uint8_t *dst,    \
-                                                             uint64_t *where) {            \
-        for (uint64_t b = 0; b < nb; b++, dst += BLOCK * width) {                        \
-            int k = in[0] & 0xF;                                                           \
-            if (dec_block_planar(in, k, dst, width, E, M)) { *where = b; return CC_CODE; } \
-            in += 2 + BLOCK * ((1 + M) / 8) + 8 * ((1 + M) % 8) + 8 * k;                   \
-        }                                                                                  \
-        return 0;                                                                          \
+    __attribute__((target("avx2"))) static int64_t dec_run_##name(DECODE_ARGS) {          \
+        DECODE_SETUP;                                                                      \
+        DECODE_LOOP(dec_block_planar(in + at, k, dst, width, E, M));                       \
     }
 RUNS(fp16, 2, 5, 10)
 RUNS(fp32, 4, 8, 23)
+
+__attribute__((target("avx2"))) static int64_t dec_run_bf16(DECODE_ARGS) {
+    DECODE_SETUP;
+    DECODE_LOOP(dec_block_bf16(in + at, k, dst));
+}
+
+static int64_t dec_run_generic(DECODE_ARGS) {
+    DECODE_SETUP;
+    DECODE_LOOP(dec_block_generic(f, in + at, k, dst));
+}
 
 static int use_avx2 = -1;
 
@@ -455,33 +493,10 @@ int64_t cc_decode(int bits, int E, int M, const uint8_t *in, uint64_t len, uint6
                   uint8_t *dst, uint64_t *where) {
     fmt_t f;
     if (!fmt_init(&f, bits, E, M)) return CC_FORMAT;
-    uint64_t nb = count / BLOCK, at = 0;
-    uint64_t fixed = 2 + BLOCK * (uint64_t)f.sbytes + 8 * (uint64_t)f.sbits;
-    for (uint64_t b = 0; b < nb; b++) { /* every header and the length first, as proto does */
-        *where = b;
-        if (at + 1 >= len) return CC_SHORT;
-        int k = check_header(&f, in + at);
-        if (k < 0) return k;
-        at += fixed + 8 * (uint64_t)k;
+    switch (vector_path(&f)) {
+    case 1: return dec_run_bf16(&f, in, len, count, dst, where);
+    case 2: return dec_run_fp16(&f, in, len, count, dst, where);
+    case 4: return dec_run_fp32(&f, in, len, count, dst, where);
+    default: return dec_run_generic(&f, in, len, count, dst, where);
     }
-    *where = nb;
-    uint64_t tail = (count % BLOCK) * (uint64_t)f.width;
-    if (at + tail != len) return at + tail > len ? CC_SHORT : CC_LONG;
-    int path = vector_path(&f);
-    if (path == 2 || path == 4) {
-        int r = path == 2 ? dec_run_fp16(in, nb, dst, where) : dec_run_fp32(in, nb, dst, where);
-        if (r < 0) return r;
-        dst += nb * BLOCK * f.width;
-    } else {
-        for (uint64_t b = 0, pos = 0; b < nb; b++, dst += BLOCK * f.width) {
-            int k = in[pos] & 0xF;
-            *where = b;
-            int r = path == 1 ? dec_block_bf16(in + pos, k, dst)
-                              : dec_block_generic(&f, in + pos, k, dst);
-            if (r < 0) return r;
-            pos += fixed + 8 * (uint64_t)k;
-        }
-    }
-    memcpy(dst, in + at, tail);
-    return 0;
 }

@@ -128,3 +128,26 @@ def test_the_c_source_is_shipped():
     import tomllib
     cfg = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
     assert native.SOURCE.name in cfg["tool"]["setuptools"]["package-data"]["fpgaccl.host"]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_code_error_yields_to_later_header_and_length_errors(dtype, path):
+    """proto checks every header and the length before any code; the one-pass C
+    decoder must give the same verdict when a bad code comes first."""
+    f = ref.format_of(dtype)
+    E, M = f.exp_bits, f.man_bits
+    x = np.full(64 * 3, 3 << M, f.uint)  # e = 3 everywhere
+    x[0] = 4 << M  # block 0: k=1, base=3
+    data = bytearray(ref.encode(x.view(f.dtype.numpy_dtype()), dtype))
+    data[1] = (1 << E) - 1  # block 0: base + code 1 overflows
+    blocks = ref.block_offsets(bytes(data), f, 3)
+    verdicts = {}
+    for name, bad in (("code", bytes(data)),
+                      ("k", bytes(data[:blocks[2]]) + bytes([E + 1]) + bytes(data[blocks[2] + 1:])),
+                      ("length", bytes(data[:-1]))):
+        with pytest.raises(MalformedHeaderError) as want:
+            ref.decode(bad, dtype, x.size)
+        with pytest.raises(MalformedHeaderError) as got:
+            native.decode(bad, dtype, x.size)
+        verdicts[name] = (want.value.field, got.value.field)
+    assert verdicts == {"code": ("code", "code"), "k": ("k", "k"), "length": ("length", "length")}
