@@ -1,9 +1,9 @@
 /* The block codec of proto/codec.py in C, byte for byte the same (see its docstring for
  * the format). The geometry comes from the caller (proto's Format); BLOCK is checked
  * against proto's at load. A generic path codes any (E, M); with AVX2 (chosen at run
- * time) bfloat16 codes a block from registers, and float16/float32 split elements into
- * byte arrays in loops the compiler vectorises; bit planes come out of movemask and
- * back through a byte shuffle and compare. */
+ * time) bfloat16 and float16 code a block from registers, float32 in byte arrays the
+ * compiler's vector loops fill; bit planes come out of movemask and back through a byte
+ * shuffle and compare. */
 
 #include <stddef.h>
 #include <stdint.h>
@@ -252,7 +252,7 @@ __attribute__((target("avx2"))) static int dec_block_bf16(const uint8_t *in, int
     return _mm256_testz_si256(over, over) ? 0 : CC_CODE;
 }
 
-/* ---- float16 / float32, AVX2: element loops the compiler vectorises, planes as above ---- */
+/* ---- float16 and float32, AVX2 ---- */
 
 /* Bit planes first..first+n-1 of 64 bytes (each below 2**(first+n)) -> n*8 bytes. */
 __attribute__((target("avx2"))) static inline void planes_out(const uint8_t *v, int first, int n,
@@ -283,30 +283,18 @@ __attribute__((target("avx2"))) static inline void planes_in(const uint8_t *p, i
     _mm256_storeu_si256((__m256i *)(v + 32), b);
 }
 
-/* width 2 with S = 11 (one byte plane, 3 bit planes) or width 4 with S = 24 (3 byte planes) */
-__attribute__((target("avx2"), always_inline)) static inline uint8_t *
-enc_block_planar(const uint8_t *src, uint8_t *o, const int width, const int E, const int M) {
+/* float32: the element loops are the compiler's (32-bit lanes), three byte planes of
+ * sign and mantissa, exponent codes as bit planes */
+__attribute__((target("avx2"))) static uint8_t *enc_block_fp32(const uint8_t *src, uint8_t *o) {
     uint8_t e[BLOCK], s0[BLOCK], s1[BLOCK], s2[BLOCK], code[BLOCK];
-    const uint32_t emask = (1u << E) - 1, mmask = (1u << M) - 1;
-    if (width == 2) {
-        uint16_t x[BLOCK];
-        memcpy(x, src, sizeof x);
-        for (int i = 0; i < BLOCK; i++) { /* 16-bit lanes: twice as many per register */
-            uint16_t v = x[i], sm = (uint16_t)(((v >> (E + M)) << M) | (v & mmask));
-            e[i] = (uint8_t)((v >> M) & emask);
-            s0[i] = (uint8_t)sm;
-            s1[i] = (uint8_t)(sm >> 8);
-        }
-    } else {
-        uint32_t x[BLOCK];
-        memcpy(x, src, sizeof x);
-        for (int i = 0; i < BLOCK; i++) {
-            uint32_t v = x[i], sm = ((v >> (E + M)) << M) | (v & mmask);
-            e[i] = (uint8_t)((v >> M) & emask);
-            s0[i] = (uint8_t)sm;
-            s1[i] = (uint8_t)(sm >> 8);
-            s2[i] = (uint8_t)(sm >> 16);
-        }
+    uint32_t x[BLOCK];
+    memcpy(x, src, sizeof x);
+    for (int i = 0; i < BLOCK; i++) {
+        uint32_t v = x[i];
+        e[i] = (uint8_t)(v >> 23);
+        s0[i] = (uint8_t)v;
+        s1[i] = (uint8_t)(v >> 8);
+        s2[i] = (uint8_t)((v >> 16 & 0x7F) | (v >> 24 & 0x80));
     }
     uint8_t lo = 255, hi = 0, lo_nz1 = 255;
     for (int i = 0; i < BLOCK; i++) {
@@ -315,22 +303,13 @@ enc_block_planar(const uint8_t *src, uint8_t *o, const int width, const int E, c
         uint8_t m1 = (uint8_t)(e[i] - 1); /* 0 wraps to 255 */
         lo_nz1 = m1 < lo_nz1 ? m1 : lo_nz1;
     }
-    int lo_nz = lo_nz1 + 1;
-    if (lo_nz > (int)emask) lo_nz = 1 << E; /* none */
-    int z, base, k = choose(lo, hi, lo_nz, E, &z, &base);
+    int z, base, k = choose(lo, hi, lo_nz1 + 1, 8, &z, &base);
     o[0] = (uint8_t)(k | z << 4);
     o[1] = (uint8_t)base;
-    o += 2;
-    memcpy(o, s0, BLOCK);
-    o += BLOCK;
-    if (width == 2) {
-        planes_out(s1, 0, 3, o);
-        o += 24;
-    } else {
-        memcpy(o, s1, BLOCK);
-        memcpy(o + BLOCK, s2, BLOCK);
-        o += 2 * BLOCK;
-    }
+    memcpy(o + 2, s0, BLOCK);
+    memcpy(o + 2 + BLOCK, s1, BLOCK);
+    memcpy(o + 2 + 2 * BLOCK, s2, BLOCK);
+    o += 2 + 3 * BLOCK;
     if (k == 0) return o;
     const uint8_t off = (uint8_t)(z ? base - 1 : base);
     for (int i = 0; i < BLOCK; i++)
@@ -339,47 +318,145 @@ enc_block_planar(const uint8_t *src, uint8_t *o, const int width, const int E, c
     return o + 8 * k;
 }
 
-__attribute__((target("avx2"), always_inline)) static inline int
-dec_block_planar(const uint8_t *in, int k, uint8_t *dst, const int width, const int E,
-                 const int M) {
+__attribute__((target("avx2"))) static int dec_block_fp32(const uint8_t *in, int k, uint8_t *dst) {
     const int z = in[0] >> 4 & 1, base = in[1];
-    const uint32_t emask = (1u << E) - 1, mmask = (1u << M) - 1;
-    uint8_t s1[BLOCK], s2[BLOCK], code[BLOCK];
-    const uint8_t *s0 = in + 2, *p = in + 2 + BLOCK;
-    if (width == 2) {
-        planes_in(p, 0, 3, s1);
-        p += 24;
-    } else {
-        memcpy(s1, p, BLOCK);
-        memcpy(s2, p + BLOCK, BLOCK);
-        p += 2 * BLOCK;
-    }
-    planes_in(p, 0, k, code);
+    const uint8_t *s0 = in + 2, *s1 = in + 2 + BLOCK, *s2 = in + 2 + 2 * BLOCK;
+    uint8_t code[BLOCK], e[BLOCK];
+    planes_in(in + 2 + 3 * BLOCK, 0, k, code);
     /* exponents as bytes first (32 lanes), checked in 16 bits, then widened once */
     const uint8_t off = (uint8_t)(z ? base - 1 : base);
-    uint8_t e[BLOCK];
     uint16_t over = 0;
     for (int i = 0; i < BLOCK; i++) {
         uint16_t wide = (uint16_t)(code[i] + off);
         uint8_t keep = (z && code[i] == 0) ? 0 : 0xFF;
-        over |= (uint16_t)(wide & ~emask & (uint16_t)(keep * 0x0101u));
+        over |= (uint16_t)(wide & 0xFF00 & (uint16_t)(keep * 0x0101u));
         e[i] = (uint8_t)wide & keep;
     }
-    if (width == 2) {
-        uint16_t x[BLOCK];
-        for (int i = 0; i < BLOCK; i++) {
-            uint16_t sm = (uint16_t)(s0[i] | s1[i] << 8);
-            x[i] = (uint16_t)(((sm >> M) << (E + M)) | (uint16_t)(e[i] << M) | (sm & mmask));
-        }
-        memcpy(dst, x, sizeof x);
-    } else {
-        uint32_t x[BLOCK];
-        for (int i = 0; i < BLOCK; i++)
-            x[i] = (uint32_t)(s2[i] >> 7) << 31 | (uint32_t)e[i] << 23
-                 | (uint32_t)(s2[i] & 0x7F) << 16 | (uint32_t)s1[i] << 8 | s0[i];
-        memcpy(dst, x, sizeof x);
-    }
+    uint32_t x[BLOCK];
+    for (int i = 0; i < BLOCK; i++)
+        x[i] = (uint32_t)(s2[i] >> 7) << 31 | (uint32_t)e[i] << 23
+             | (uint32_t)(s2[i] & 0x7F) << 16 | (uint32_t)s1[i] << 8 | s0[i];
+    memcpy(dst, x, sizeof x);
     return over ? CC_CODE : 0;
+}
+
+/* float16 from registers, as bfloat16: sm = sign << 10 | mantissa, 11 bits in two bytes */
+__attribute__((target("avx2"))) static inline void fp16_split(const uint8_t *src, __m256i *e,
+                                                              __m256i *s0, __m256i *s1) {
+    __m256i a = _mm256_loadu_si256((const __m256i *)src);
+    __m256i b = _mm256_loadu_si256((const __m256i *)(src + 32));
+    const __m256i m1f = _mm256_set1_epi16(0x1F), mff = _mm256_set1_epi16(0xFF),
+                  m3 = _mm256_set1_epi16(0x3), m4 = _mm256_set1_epi16(0x4);
+    __m256i ea = _mm256_and_si256(_mm256_srli_epi16(a, 10), m1f);
+    __m256i eb = _mm256_and_si256(_mm256_srli_epi16(b, 10), m1f);
+    __m256i la = _mm256_and_si256(a, mff), lb = _mm256_and_si256(b, mff);
+    __m256i ha = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a, 8), m3),
+                                 _mm256_and_si256(_mm256_srli_epi16(a, 13), m4));
+    __m256i hb = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b, 8), m3),
+                                 _mm256_and_si256(_mm256_srli_epi16(b, 13), m4));
+    *e = _mm256_permute4x64_epi64(_mm256_packus_epi16(ea, eb), 0xD8);
+    *s0 = _mm256_permute4x64_epi64(_mm256_packus_epi16(la, lb), 0xD8);
+    *s1 = _mm256_permute4x64_epi64(_mm256_packus_epi16(ha, hb), 0xD8);
+}
+
+/* Bit planes first..first+n-1 of two registers of bytes -> n*8 bytes. */
+__attribute__((target("avx2"))) static inline void planes_out2(__m256i a, __m256i b, int first,
+                                                               int n, uint8_t *o) {
+    __m128i s = _mm_cvtsi32_si128(8 - first - n);
+    a = _mm256_sll_epi16(a, s);
+    b = _mm256_sll_epi16(b, s);
+    for (int j = n - 1; j >= 0; j--) {
+        uint32_t wa = (uint32_t)_mm256_movemask_epi8(a), wb = (uint32_t)_mm256_movemask_epi8(b);
+        put64(o + 8 * j, (uint64_t)wb << 32 | wa);
+        a = _mm256_add_epi8(a, a);
+        b = _mm256_add_epi8(b, b);
+    }
+}
+
+__attribute__((target("avx2"))) static uint8_t *enc_block_fp16(const uint8_t *src, uint8_t *o) {
+    __m256i e0, e1, l0, l1, h0, h1;
+    fp16_split(src, &e0, &l0, &h0);
+    fp16_split(src + 64, &e1, &l1, &h1);
+    const __m256i one = _mm256_set1_epi8(1);
+    int lo = hmin_u8(_mm256_min_epu8(e0, e1)), hi = hmax_u8(_mm256_max_epu8(e0, e1));
+    int lo_nz = hmin_u8(_mm256_min_epu8(_mm256_sub_epi8(e0, one), _mm256_sub_epi8(e1, one))) + 1;
+    if (lo_nz > 31) lo_nz = 32; /* none */
+    int z, base, k = choose(lo, hi, lo_nz, 5, &z, &base);
+    o[0] = (uint8_t)(k | z << 4);
+    o[1] = (uint8_t)base;
+    _mm256_storeu_si256((__m256i *)(o + 2), l0);
+    _mm256_storeu_si256((__m256i *)(o + 34), l1);
+    planes_out2(h0, h1, 0, 3, o + 66);
+    o += 90;
+    if (k == 0) return o;
+    __m256i c0, c1;
+    if (z) {
+        __m256i off = _mm256_set1_epi8((char)(base - 1)), zero = _mm256_setzero_si256();
+        c0 = _mm256_andnot_si256(_mm256_cmpeq_epi8(e0, zero), _mm256_sub_epi8(e0, off));
+        c1 = _mm256_andnot_si256(_mm256_cmpeq_epi8(e1, zero), _mm256_sub_epi8(e1, off));
+    } else {
+        __m256i off = _mm256_set1_epi8((char)base);
+        c0 = _mm256_sub_epi8(e0, off);
+        c1 = _mm256_sub_epi8(e1, off);
+    }
+    planes_out2(c0, c1, 0, k, o);
+    return o + 8 * k;
+}
+
+/* 32 float16 from their exponent, low and high sign/mantissa bytes (in element order). */
+__attribute__((target("avx2"))) static inline void fp16_join(uint8_t *dst, __m256i e, __m256i l,
+                                                             __m256i h) {
+    e = _mm256_permute4x64_epi64(e, 0xD8);
+    l = _mm256_permute4x64_epi64(l, 0xD8);
+    h = _mm256_permute4x64_epi64(h, 0xD8);
+    const __m256i zero = _mm256_setzero_si256(), m3ff = _mm256_set1_epi16(0x3FF),
+                  m400 = _mm256_set1_epi16(0x400);
+    __m256i sm_lo = _mm256_unpacklo_epi8(l, h), sm_hi = _mm256_unpackhi_epi8(l, h);
+    __m256i e_lo = _mm256_unpacklo_epi8(e, zero), e_hi = _mm256_unpackhi_epi8(e, zero);
+    __m256i x_lo = _mm256_or_si256(_mm256_or_si256(_mm256_and_si256(sm_lo, m3ff),
+                                                   _mm256_slli_epi16(_mm256_and_si256(sm_lo, m400), 5)),
+                                   _mm256_slli_epi16(e_lo, 10));
+    __m256i x_hi = _mm256_or_si256(_mm256_or_si256(_mm256_and_si256(sm_hi, m3ff),
+                                                   _mm256_slli_epi16(_mm256_and_si256(sm_hi, m400), 5)),
+                                   _mm256_slli_epi16(e_hi, 10));
+    _mm256_storeu_si256((__m256i *)dst, x_lo);
+    _mm256_storeu_si256((__m256i *)(dst + 32), x_hi);
+}
+
+/* n*8 bytes of bit planes -> two registers of bytes, plane j as bit j. */
+__attribute__((target("avx2"))) static inline void planes_in2(const uint8_t *p, int n, __m256i *a,
+                                                              __m256i *b) {
+    __m256i x = _mm256_setzero_si256(), y = _mm256_setzero_si256();
+    for (int j = 0; j < n; j++, p += 8) {
+        uint64_t w = get64(p);
+        __m256i bit = _mm256_set1_epi8((char)(1 << j));
+        x = _mm256_or_si256(x, _mm256_and_si256(bits_to_bytes((uint32_t)w), bit));
+        y = _mm256_or_si256(y, _mm256_and_si256(bits_to_bytes((uint32_t)(w >> 32)), bit));
+    }
+    *a = x;
+    *b = y;
+}
+
+__attribute__((target("avx2"))) static int dec_block_fp16(const uint8_t *in, int k, uint8_t *dst) {
+    int z = in[0] >> 4 & 1, base = in[1];
+    __m256i l0 = _mm256_loadu_si256((const __m256i *)(in + 2));
+    __m256i l1 = _mm256_loadu_si256((const __m256i *)(in + 34));
+    __m256i h0, h1, c0, c1;
+    planes_in2(in + 66, 3, &h0, &h1);
+    planes_in2(in + 90, k, &c0, &c1);
+    /* codes and base are below 32: sums fit a byte, and past 31 is an overflow */
+    __m256i off = _mm256_set1_epi8((char)(z ? base - 1 : base));
+    __m256i e0 = _mm256_add_epi8(c0, off), e1 = _mm256_add_epi8(c1, off);
+    if (z) {
+        __m256i zero = _mm256_setzero_si256();
+        e0 = _mm256_andnot_si256(_mm256_cmpeq_epi8(c0, zero), e0);
+        e1 = _mm256_andnot_si256(_mm256_cmpeq_epi8(c1, zero), e1);
+    }
+    __m256i high = _mm256_set1_epi8((char)0xE0);
+    __m256i over = _mm256_and_si256(_mm256_or_si256(e0, e1), high);
+    fp16_join(dst, e0, l0, h0);
+    fp16_join(dst + 64, e1, l1, h1);
+    return _mm256_testz_si256(over, over) ? 0 : CC_CODE;
 }
 
 /* One pass over the blocks: each header is checked, then the block decoded. The verdict
@@ -417,25 +494,22 @@ dec_block_planar(const uint8_t *in, int k, uint8_t *dst, const int width, const 
     uint64_t nb = count / BLOCK;                                                           \
     uint64_t fixed = 2 + BLOCK * (uint64_t)f->sbytes + 8 * (uint64_t)f->sbits
 
-/* Per vector path, with its geometry as constants (the dispatch matched it exactly). */
-#define RUNS(name, width, E, M)                                                            \
+/* Per vector path: whole runs of blocks, no call per block. */
+#define RUNS(name, width)                                                                  \
     __attribute__((target("avx2"))) static uint8_t *enc_run_##name(const uint8_t *src,     \
                                                                   uint64_t nb, uint8_t *o) { \
         for (uint64_t b = 0; b < nb; b++, src += BLOCK * width)                          \
-            o = enc_block_planar(src, o, width, E, M);                                     \
+            o = enc_block_##name(src, o);                                                  \
         return o;                                                                          \
     }                                                                                      \
     __attribute__((target("avx2"))) static int64_t dec_run_##name(DECODE_ARGS) {          \
         DECODE_SETUP;                                                                      \
-        DECODE_LOOP(dec_block_planar(in + at, k, dst, width, E, M));                       \
+        DECODE_LOOP(dec_block_##name(in + at, k, dst));                                    \
     }
-RUNS(fp16, 2, 5, 10)
-RUNS(fp32, 4, 8, 23)
+RUNS(bf16, 2)
+RUNS(fp16, 2)
+RUNS(fp32, 4)
 
-__attribute__((target("avx2"))) static int64_t dec_run_bf16(DECODE_ARGS) {
-    DECODE_SETUP;
-    DECODE_LOOP(dec_block_bf16(in + at, k, dst));
-}
 
 static int64_t dec_run_generic(DECODE_ARGS) {
     DECODE_SETUP;
@@ -474,14 +548,14 @@ int64_t cc_encode(int bits, int E, int M, const uint8_t *src, uint64_t count, ui
     if (!fmt_init(&f, bits, E, M)) return CC_FORMAT;
     uint64_t nb = count / BLOCK;
     uint8_t *o = dst;
-    int path = vector_path(&f);
-    if (path == 2 || path == 4) {
-        o = path == 2 ? enc_run_fp16(src, nb, o) : enc_run_fp32(src, nb, o);
-        src += nb * BLOCK * f.width;
-    } else {
-        for (uint64_t b = 0; b < nb; b++, src += BLOCK * f.width)
-            o = path == 1 ? enc_block_bf16(src, o) : enc_block_generic(&f, src, o);
+    switch (vector_path(&f)) {
+    case 1: o = enc_run_bf16(src, nb, o); break;
+    case 2: o = enc_run_fp16(src, nb, o); break;
+    case 4: o = enc_run_fp32(src, nb, o); break;
+    default:
+        for (uint64_t b = 0; b < nb; b++) o = enc_block_generic(&f, src + b * BLOCK * f.width, o);
     }
+    src += nb * BLOCK * f.width;
     uint64_t tail = (count % BLOCK) * (uint64_t)f.width;
     memcpy(o, src, tail);
     return (int64_t)(o - dst) + (int64_t)tail;
