@@ -29,7 +29,8 @@ class BlockEncoder(wiring.Component):
     (while the next block gathers), and appended to a byte buffer that ``o`` drains a
     beat at a time. ``i`` takes a beat every cycle while ``o`` takes one: a block's coded
     bytes are never more than its raw bytes plus the 2-byte header, and the buffer has
-    room for the backlog a run of raw blocks leaves (then ``i`` waits, 1 cycle in 64).
+    room for some backlog; a long run of raw blocks makes ``i`` wait for the 2 bytes each
+    adds (``bench/codec_hdl.py``: 0.988 beats per cycle at 512 bits on random bits).
     """
 
     def __init__(self, fmt: Format, width: int) -> None:
