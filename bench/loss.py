@@ -25,6 +25,7 @@ import argparse
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -47,7 +48,7 @@ CASES = {
 
 RANK = r"""
 import json, os, sys, time, numpy as np, fpgaccl.host
-comm = fpgaccl.host.init(deadline_s=600)
+comm = fpgaccl.host.init(deadline_s=600%(init)s)
 r, p = comm.rank, comm.world_size
 x = np.arange(%(elems)d, dtype=np.float32) + r
 want = np.arange(%(elems)d, dtype=np.float32) * p + p * (p - 1) / 2
@@ -188,13 +189,13 @@ class Bed:
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
 
 
-def run_case(bed: Bed, name: str, delay_ms: float) -> dict:
+def run_case(bed: Bed, name: str, delay_ms: float, init: str = "") -> dict:
     loss, dup, reorder, relayed = CASES[name]
     bed.impair(loss, dup)
     env_base = dict(os.environ, FPGACCL_WORLD_SIZE=str(WORLD), MASTER_ADDR=bed.addrs[0],
                     MASTER_PORT="29611", FPGACCL_MTU=str(MTU),
                     FPGACCL_JOB_SECRET=uuid.uuid4().hex)
-    script = RANK % {"elems": ELEMS}
+    script = RANK % {"elems": ELEMS, "init": init}
     relay = None
     stop = Path(tempfile.gettempdir()) / f"loss-relay-stop-{uuid.uuid4().hex}"
     if relayed:
@@ -266,6 +267,8 @@ def main() -> None:
     ap.add_argument("--cases", default=",".join(CASES))
     ap.add_argument("--delay-ms", type=float, default=1.0,
                     help="how late each reordered datagram arrives")
+    ap.add_argument("--patient", action="store_true",
+                    help="peer_timeout_s=60, retry_limit=None: time what the defaults fail")
     ap.add_argument("--out", default="loss")
     ap.add_argument("--label", default="", help="stored with the rows (before/after)")
     args = ap.parse_args()
@@ -275,16 +278,27 @@ def main() -> None:
     for n in names:
         if n not in CASES:
             sys.exit(f"--cases: unknown case {n!r} (known: {', '.join(CASES)})")
+    # A TERM or HUP unwinds through the finally blocks: ranks killed, namespaces deleted.
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, lambda *_: sys.exit("bench/loss.py: signal, cleaning up"))
+    init = ", peer_timeout_s=60, retry_limit=None" if args.patient else ""
     bed = Bed()
     rows: list[dict] = []
     load = os.getloadavg()
     try:
         for rnd in range(args.rounds):
             for n in names:
-                row = run_case(bed, n, args.delay_ms)
+                try:
+                    row = run_case(bed, n, args.delay_ms, init)
+                except RuntimeError as e:  # a failed case is a result too
+                    row = {"case": n, "time_s": None, "ok": False, "error": str(e)[-600:]}
                 row["round"] = rnd
                 row["load1"] = os.getloadavg()[0]
                 rows.append(row)
+                if row["time_s"] is None:
+                    print(f"round {rnd} {n:12s} FAILED: {row['error'].splitlines()[-1]}",
+                          file=sys.stderr, flush=True)
+                    continue
                 print(f"round {rnd} {n:12s} {row['time_s']:8.3f} s  sent {row['sent']:7d}  "
                       f"retx {row['retransmitted']:7d}  lost {row['lost']:6d}  "
                       f"ok {row['ok']}", file=sys.stderr, flush=True)
@@ -293,11 +307,16 @@ def main() -> None:
     table = []
     clean = {}
     for n in names:
-        mine = [r for r in rows if r["case"] == n]
+        failed = sum(r["time_s"] is None for r in rows if r["case"] == n)
+        mine = [r for r in rows if r["case"] == n and r["time_s"] is not None]
+        if not mine:
+            table.append({"case": n, "time_s": None, "ok": False, "failed": failed})
+            continue
         med = sorted(r["time_s"] for r in mine)[len(mine) // 2]
         agg = {k: sum(r[k] for r in mine) // len(mine)
                for k in ("sent", "retransmitted", "lost", "duplicated", "timeouts", "naks_rx")}
-        table.append({"case": n, "time_s": med, "ok": all(r["ok"] for r in mine), **agg})
+        table.append({"case": n, "time_s": med, "ok": all(r["ok"] for r in mine),
+                      "failed": failed, **agg})
         clean[n] = med
     base = clean.get("clean")
     print(f"\n4 ranks, {ELEMS * 4 >> 20} MiB float32 ring allreduce, MTU {MTU}; load at start "
@@ -305,6 +324,9 @@ def main() -> None:
     print(f"{'case':12s} {'time s':>8s} {'x clean':>8s} {'sent':>8s} {'retx':>8s} "
           f"{'lost':>7s} {'dup':>6s} {'retx/lost':>9s} {'RTOs':>6s} {'ok':>3s}")
     for t in table:
+        if t["time_s"] is None:
+            print(f"{t['case']:12s} {'failed':>8s} (every round: the job failed)")
+            continue
         ref = base
         t["x_clean"] = t["time_s"] / ref if ref else None
         t["retx_per_lost"] = t["retransmitted"] / t["lost"] if t["lost"] else None
@@ -315,7 +337,7 @@ def main() -> None:
               f"{'yes' if t['ok'] else 'NO':>3s}")
     path = write_results(args.out, {"table": table, "rounds": rows}, label=args.label,
                          load_at_start=load, world=WORLD, bytes=ELEMS * 4, mtu=MTU,
-                         delay_ms=args.delay_ms)
+                         delay_ms=args.delay_ms, patient=args.patient)
     print(f"wrote {path}")
 
 
