@@ -17,6 +17,11 @@ and retransmitted are the engines' counters over the timed call; lost and duplic
 nft counters over the same call. Needs root, ``ip`` and ``nft``.
 
     sudo .venv/bin/python bench/loss.py [--rounds 1] [--cases clean,loss5dup2,loss10,reorder5]
+        [--against REV] [--patient]
+
+``--against REV`` runs another revision's engine too, case by case in the same rounds (the
+fair comparison on a loaded machine); ``--patient`` gives the ranks a 60 s peer timeout and
+no retry limit, for engines whose recovery the default liveness checks take for death.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -32,7 +38,7 @@ import tempfile
 import uuid
 from pathlib import Path
 
-from common import write_results
+from common import REPO, write_results
 
 WORLD = 4
 MTU = 1024  # the veths' 1500-byte MTU holds a 1024-byte RoCEv2 payload
@@ -189,12 +195,15 @@ class Bed:
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
 
 
-def run_case(bed: Bed, name: str, delay_ms: float, init: str = "") -> dict:
+def run_case(bed: Bed, name: str, delay_ms: float, init: str = "",
+             pythonpath: str | None = None) -> dict:
     loss, dup, reorder, relayed = CASES[name]
     bed.impair(loss, dup)
     env_base = dict(os.environ, FPGACCL_WORLD_SIZE=str(WORLD), MASTER_ADDR=bed.addrs[0],
                     MASTER_PORT="29611", FPGACCL_MTU=str(MTU),
                     FPGACCL_JOB_SECRET=uuid.uuid4().hex)
+    if pythonpath:
+        env_base["PYTHONPATH"] = pythonpath
     script = RANK % {"elems": ELEMS, "init": init}
     relay = None
     stop = Path(tempfile.gettempdir()) / f"loss-relay-stop-{uuid.uuid4().hex}"
@@ -254,11 +263,37 @@ def run_case(bed: Bed, name: str, delay_ms: float, init: str = "") -> dict:
         "retransmitted": sum(s.get("retransmits", 0) for s in st),
         "timeouts": sum(s.get("timeouts", 0) for s in st),
         "naks_rx": sum(s.get("nak_rx", 0) for s in st),
+        "naks_ignored": sum(s.get("nak_ignored", 0) for s in st),
+        "window_cuts": sum(s.get("window_cuts", 0) for s in st),
+        "held": sum(s.get("rx_held", 0) for s in st),
         "lost": imp["drop"], "duplicated": imp["dup"],
     }
     if relay is not None:
         row["delayed"] = delayed
     return row
+
+
+class Checkout:
+    """Another revision's fpgaccl, importable from ``path`` (PYTHONPATH): a worktree and a
+    package folder of links laid out as pyproject's package-dir maps it."""
+
+    def __init__(self, rev: str) -> None:
+        self.tmp = Path(tempfile.mkdtemp(prefix="loss-rev-"))
+        self.src = self.tmp / "src"
+        subprocess.run(["git", "worktree", "add", "--detach", str(self.src), rev], cwd=REPO,
+                       check=True, capture_output=True)
+        pkg = self.tmp / "pkg" / "fpgaccl"
+        pkg.mkdir(parents=True)
+        for f in (self.src / "api").iterdir():
+            (pkg / f.name).symlink_to(f)
+        for sub in ("proto", "hw", "sim", "host", "boards"):
+            (pkg / sub).symlink_to(self.src / sub)
+        self.path = str(self.tmp / "pkg")
+
+    def close(self) -> None:
+        subprocess.run(["git", "worktree", "remove", "--force", str(self.src)], cwd=REPO,
+                       capture_output=True)
+        shutil.rmtree(self.tmp, ignore_errors=True)
 
 
 def main() -> None:
@@ -269,6 +304,9 @@ def main() -> None:
                     help="how late each reordered datagram arrives")
     ap.add_argument("--patient", action="store_true",
                     help="peer_timeout_s=60, retry_limit=None: time what the defaults fail")
+    ap.add_argument("--against", default="", metavar="REV",
+                    help="also run, interleaved with this tree, the fpgaccl of git revision "
+                         "REV (checked out in a temporary worktree)")
     ap.add_argument("--out", default="loss")
     ap.add_argument("--label", default="", help="stored with the rows (before/after)")
     args = ap.parse_args()
@@ -278,6 +316,11 @@ def main() -> None:
     for n in names:
         if n not in CASES:
             sys.exit(f"--cases: unknown case {n!r} (known: {', '.join(CASES)})")
+    variants: list[tuple[str, str | None]] = [("this tree", None)]
+    other = None
+    if args.against:
+        other = Checkout(args.against)
+        variants.insert(0, (args.against, other.path))
     # A TERM or HUP unwinds through the finally blocks: ranks killed, namespaces deleted.
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, lambda *_: sys.exit("bench/loss.py: signal, cleaning up"))
@@ -288,53 +331,62 @@ def main() -> None:
     try:
         for rnd in range(args.rounds):
             for n in names:
-                try:
-                    row = run_case(bed, n, args.delay_ms, init)
-                except RuntimeError as e:  # a failed case is a result too
-                    row = {"case": n, "time_s": None, "ok": False, "error": str(e)[-600:]}
-                row["round"] = rnd
-                row["load1"] = os.getloadavg()[0]
-                rows.append(row)
-                if row["time_s"] is None:
-                    print(f"round {rnd} {n:12s} FAILED: {row['error'].splitlines()[-1]}",
-                          file=sys.stderr, flush=True)
-                    continue
-                print(f"round {rnd} {n:12s} {row['time_s']:8.3f} s  sent {row['sent']:7d}  "
-                      f"retx {row['retransmitted']:7d}  lost {row['lost']:6d}  "
-                      f"ok {row['ok']}", file=sys.stderr, flush=True)
+                for variant, pythonpath in variants:  # interleaved: the same load for each
+                    try:
+                        row = run_case(bed, n, args.delay_ms, init, pythonpath)
+                    except RuntimeError as e:  # a failed case is a result too
+                        row = {"case": n, "time_s": None, "ok": False,
+                               "error": str(e)[-600:]}
+                    row.update(round=rnd, variant=variant, load1=os.getloadavg()[0])
+                    rows.append(row)
+                    if row["time_s"] is None:
+                        print(f"round {rnd} {variant:10s} {n:10s} FAILED: "
+                              f"{row['error'].splitlines()[-1]}", file=sys.stderr, flush=True)
+                        continue
+                    print(f"round {rnd} {variant:10s} {n:10s} {row['time_s']:8.3f} s  "
+                          f"sent {row['sent']:7d}  retx {row['retransmitted']:7d}  "
+                          f"lost {row['lost']:6d}  ok {row['ok']}", file=sys.stderr, flush=True)
     finally:
         bed.close()
+        if other is not None:
+            other.close()
     table = []
-    clean = {}
-    for n in names:
-        failed = sum(r["time_s"] is None for r in rows if r["case"] == n)
-        mine = [r for r in rows if r["case"] == n and r["time_s"] is not None]
-        if not mine:
-            table.append({"case": n, "time_s": None, "ok": False, "failed": failed})
-            continue
-        med = sorted(r["time_s"] for r in mine)[len(mine) // 2]
-        agg = {k: sum(r[k] for r in mine) // len(mine)
-               for k in ("sent", "retransmitted", "lost", "duplicated", "timeouts", "naks_rx")}
-        table.append({"case": n, "time_s": med, "ok": all(r["ok"] for r in mine),
-                      "failed": failed, **agg})
-        clean[n] = med
-    base = clean.get("clean")
-    print(f"\n4 ranks, {ELEMS * 4 >> 20} MiB float32 ring allreduce, MTU {MTU}; load at start "
+    for variant, _ in variants:
+        base = None
+        for n in names:
+            mine = [r for r in rows if r["case"] == n and r["variant"] == variant]
+            failed = sum(r["time_s"] is None for r in mine)
+            mine = [r for r in mine if r["time_s"] is not None]
+            if not mine:
+                table.append({"variant": variant, "case": n, "time_s": None, "ok": False,
+                              "failed": failed})
+                continue
+            med = sorted(r["time_s"] for r in mine)[len(mine) // 2]
+            agg = {k: sum(r[k] for r in mine) // len(mine)
+                   for k in ("sent", "retransmitted", "lost", "duplicated", "timeouts",
+                             "naks_rx")}
+            if n == "clean":
+                base = med
+            table.append({"variant": variant, "case": n, "time_s": med,
+                          "ok": all(r["ok"] for r in mine), "failed": failed, **agg,
+                          "x_clean": med / base if base else None,
+                          "retx_per_lost": (agg["retransmitted"] / agg["lost"]
+                                            if agg["lost"] else None)})
+    print(f"\n4 ranks, {ELEMS * 4 >> 20} MiB float32 ring allreduce, MTU {MTU}, "
+          f"{args.rounds} round(s), median time; load at start "
           f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f} ({os.cpu_count()} cores, shared)")
-    print(f"{'case':12s} {'time s':>8s} {'x clean':>8s} {'sent':>8s} {'retx':>8s} "
-          f"{'lost':>7s} {'dup':>6s} {'retx/lost':>9s} {'RTOs':>6s} {'ok':>3s}")
+    print(f"{'variant':10s} {'case':10s} {'time s':>8s} {'x clean':>8s} {'sent':>8s} "
+          f"{'retx':>8s} {'lost':>7s} {'dup':>6s} {'retx/lost':>9s} {'RTOs':>6s} ok")
     for t in table:
         if t["time_s"] is None:
-            print(f"{t['case']:12s} {'failed':>8s} (every round: the job failed)")
+            print(f"{t['variant']:10s} {t['case']:10s} {'failed':>8s} (every round)")
             continue
-        ref = base
-        t["x_clean"] = t["time_s"] / ref if ref else None
-        t["retx_per_lost"] = t["retransmitted"] / t["lost"] if t["lost"] else None
         x = f"{t['x_clean']:8.2f}" if t["x_clean"] else f"{'-':>8s}"
         rl = f"{t['retx_per_lost']:9.2f}" if t["retx_per_lost"] is not None else f"{'-':>9s}"
-        print(f"{t['case']:12s} {t['time_s']:8.3f} {x} {t['sent']:8d} {t['retransmitted']:8d} "
-              f"{t['lost']:7d} {t['duplicated']:6d} {rl} {t['timeouts']:6d} "
-              f"{'yes' if t['ok'] else 'NO':>3s}")
+        fails = f" ({t['failed']} failed)" if t["failed"] else ""
+        print(f"{t['variant']:10s} {t['case']:10s} {t['time_s']:8.3f} {x} {t['sent']:8d} "
+              f"{t['retransmitted']:8d} {t['lost']:7d} {t['duplicated']:6d} {rl} "
+              f"{t['timeouts']:6d} {'yes' if t['ok'] else 'NO'}{fails}")
     path = write_results(args.out, {"table": table, "rounds": rows}, label=args.label,
                          load_at_start=load, world=WORLD, bytes=ELEMS * 4, mtu=MTU,
                          delay_ms=args.delay_ms, patient=args.patient)

@@ -672,8 +672,9 @@ class QueuePair:
         self.engine.stats["acks_rx"] += 1
         self.probed = 0.0
         if kind == AethKind.NAK and code == NakCode.PSN_SEQUENCE_ERROR:
-            self._acked(psn - 1, now)
             self.engine.stats["nak_rx"] += 1
+            if self._acked(psn - 1, now):
+                return  # it moved the ACKs to where the unheld rest was resent from
             if self._stale_nak(psn, now):
                 self.engine.stats["nak_ignored"] += 1
                 return
@@ -695,14 +696,16 @@ class QueuePair:
             # reserved kind: no action, as in the HDL requester, but counted.
             self.engine.stats["ack_ignored"] += 1
 
-    def _acked(self, psn: int, now: float) -> None:
+    def _acked(self, psn: int, now: float) -> bool:
+        """Retire what an ACK of ``psn`` covers; True if that resent the rest (the
+        responder had all before ``gbn_psn`` and could hold nothing after it)."""
         out = self.outstanding
         if not out:
-            return
+            return False
         # Outstanding PSNs are consecutive: the ACK covers the first n of them.
         n = min(psn_diff(psn, out[0][0]) + 1, self.inflight)
         if n <= 0:
-            return
+            return False
         self.inflight -= n
         self.last_progress = self.acked_at = now
         self.retries = 0
@@ -712,14 +715,13 @@ class QueuePair:
         if self.cwnd < self.engine.window:
             # Slow start below the threshold, then one packet per window of ACKs.
             self.cwnd += n if self.cwnd < self.ssthresh else n / self.cwnd
-        try:
-            self._pop_acked(n)
-        finally:
-            if self.gbn_psn >= 0 and (not out or psn_diff(out[0][0], self.gbn_psn) >= 0):
-                # The responder has all before gbn_psn and held nothing after it.
-                self.gbn_psn = -1
-                if out:
-                    self.retransmit(now)
+        self._pop_acked(n)
+        if self.gbn_psn >= 0 and (not out or psn_diff(out[0][0], self.gbn_psn) >= 0):
+            self.gbn_psn = -1
+            if out:
+                self.retransmit(now)
+                return True
+        return False
 
     def _pop_acked(self, n: int) -> None:
         out = self.outstanding
@@ -848,8 +850,10 @@ class QueuePair:
 
     def check_timer(self, now: float, rto: float) -> None:
         """``rto``: the engine's timeout, the most this QP's measured one may be."""
-        rto = min(rto, self.rto)
-        if self.outstanding and now - self.last_progress > rto * (1 << min(self.retries, 4)):
+        # The measured timeout for the first expiry (a lost resend, a lost tail); later ones
+        # back off from the engine's, so that retry_limit still spans seconds.
+        if self.outstanding and now - self.last_progress > (
+                min(rto, self.rto) if not self.retries else rto * (1 << min(self.retries, 4))):
             self.retries += 1
             self.engine.stats["timeouts"] += 1
             self.rtt_psn = -1
