@@ -717,8 +717,10 @@ class QueuePair:
             self.cwnd += n if self.cwnd < self.ssthresh else n / self.cwnd
         self._pop_acked(n)
         if self.gbn_psn >= 0 and (not out or psn_diff(out[0][0], self.gbn_psn) >= 0):
+            # Stopping right there says the responder dropped it; past it, it had it.
+            resend = bool(out) and out[0][0] == self.gbn_psn
             self.gbn_psn = -1
-            if out:
+            if resend:
                 self.retransmit(now)
                 return True
         return False
@@ -871,7 +873,10 @@ class QueuePair:
                 # avoids resending a whole window that already arrived; a real loss is
                 # recovered by the full go-back-N on the next expiry (or by a NAK).
                 self.last_progress = now
-                self._resend_oldest()
+                if self.selective:
+                    self._repair(now)  # what follows a lost packet the peer could not hold
+                else:
+                    self._resend_oldest()
             else:
                 self.retransmit(now)
 

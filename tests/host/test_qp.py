@@ -98,6 +98,23 @@ def test_nak_of_a_last_from_a_holding_peer_resends_what_follows_once_it_is_acked
     assert [_psn(d) for d in eng.out[1:]] == [PSN0 + 3, PSN0 + 4, PSN0 + 5]
 
 
+@pytest.mark.parametrize("spurious", [False, True])
+def test_timer_probe_to_a_holding_peer_resends_what_it_could_not_hold(spurious: bool) -> None:
+    qp, eng = _qp(selective=True)
+    _send(qp, 3)
+    _send(qp, 3)
+    qp.on_ack(PSN0 + 1, wire.ACK_SYNDROME, 0.001)
+    eng.out.clear()
+    qp.check_timer(1.0, 0.05)  # the first message's LAST went unACKed
+    assert [_psn(d) for d in eng.out] == [PSN0 + 2]
+    if spurious:  # it had arrived, and all after it: the ACK says so, nothing more goes
+        qp.on_ack(PSN0 + 5, wire.ACK_SYNDROME, 1.001)
+        assert len(eng.out) == 1 and not qp.outstanding
+    else:  # the LAST was lost, and the next message dropped behind it
+        qp.on_ack(PSN0 + 2, wire.ACK_SYNDROME, 1.001)
+        assert [_psn(d) for d in eng.out[1:]] == [PSN0 + 3, PSN0 + 4, PSN0 + 5]
+
+
 def test_nak_from_a_go_back_n_peer_resends_everything_once() -> None:
     qp, eng = _qp(selective=False)
     _send(qp, 40)
