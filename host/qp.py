@@ -3,8 +3,11 @@
 This is the software model of ``fpgaccl.hw.transport``: RDMA WRITE segmentation at the
 path MTU, 24-bit PSNs, coalesced ACKs (the requester asks for one with the BTH AckReq
 bit on the last packet of a message and every ``window/2`` packets), NAK on a sequence
-gap, go-back-N on NAK or retransmit timeout, duplicate suppression, and a memory-key
-plus bounds check on every RDMA WRITE before a byte is written.
+gap, duplicate suppression, and a memory-key plus bounds check on every RDMA WRITE
+before a byte is written. Recovery follows :mod:`fpgaccl.proto.reliability`: the
+responder holds early WRITE MIDDLEs; the requester resends selectively to a software
+peer and by go-back-N to an HDL one, within an AIMD congestion window and a retransmit
+timeout measured per queue pair.
 
 Two kinds of memory region take WRITEs, and the region a WRITE lands in says how its
 immediate data reads:

@@ -11,15 +11,17 @@ what a responder keeps differs.
   WRITE's last packet (PSN arithmetic says so: ``(d + 1) * mtu < bytes still due``). It is
   written at ``offset + d * mtu`` and counted as held; the expected PSN jumps over held PSNs
   once the gap fills. Anything else early (a FIRST, LAST, ONLY, a packet past the limit) is
-  dropped as the go-back-N responder drops it. The NAK for a gap waits until a packet
-  :data:`NAK_HOLDOFF_PACKETS` or more ahead arrives (small reordering is no loss), and a
-  packet that fills a gap this responder NAKed is ACKed at once; if held packets remain
-  behind a new gap, that gap is NAKed at once.
+  dropped as the go-back-N responder drops it, and NAKed at once. While early packets are
+  held, the NAK for the gap waits until one :data:`NAK_HOLDOFF_PACKETS` or more ahead
+  arrives (small reordering is no loss). A packet that fills a gap this responder NAKed
+  or dropped behind is ACKed at once; if held packets remain behind a new gap, that gap
+  is NAKed at once (the NAK ACKs what precedes it).
 
-A requester talking to a holding responder resends, on a NAK, the NAKed packet alone and
-later (once the ACKs reach it) everything from the first packet the responder could not
-hold. It stays correct against a go-back-N responder only if it knows which kind it talks
-to: a software engine announces itself at rendezvous, an HDL node is go-back-N. A go-back-N
+A requester talking to a holding responder resends, on a NAK (or a first timer expiry),
+the oldest packet alone and, if the ACKs then stop exactly at the first packet the
+responder could not hold, everything from there. It stays correct against a go-back-N
+responder only if it knows which kind it talks to: a software engine announces itself at
+rendezvous, an HDL node is go-back-N. A go-back-N
 requester (the HDL) stays correct against a holding responder: what it resends and the
 responder holds is a duplicate, dropped and re-ACKed.
 """
