@@ -446,7 +446,7 @@ class Engine:
         wait = 0.05
         for qp in self.by_peer.values():
             if qp.outstanding:
-                wait = min(wait, max(0.0, qp.last_progress + self.rto_s - now))
+                wait = min(wait, max(0.0, qp.last_progress + min(qp.rto, self.rto_s) - now))
             if qp.ack_due > 0:
                 wait = min(wait, max(0.0, qp.ack_due - now))
         job_wait = self.jobs.wait_s(now)

@@ -3,8 +3,11 @@
 This is the software model of ``fpgaccl.hw.transport``: RDMA WRITE segmentation at the
 path MTU, 24-bit PSNs, coalesced ACKs (the requester asks for one with the BTH AckReq
 bit on the last packet of a message and every ``window/2`` packets), NAK on a sequence
-gap, go-back-N on NAK or retransmit timeout, duplicate suppression, and a memory-key
-plus bounds check on every RDMA WRITE before a byte is written.
+gap, duplicate suppression, and a memory-key plus bounds check on every RDMA WRITE
+before a byte is written. Recovery follows :mod:`fpgaccl.proto.reliability`: the
+responder holds early WRITE MIDDLEs; the requester resends selectively to a software
+peer and by go-back-N to an HDL one, within an AIMD congestion window and a retransmit
+timeout measured per queue pair.
 
 Two kinds of memory region take WRITEs, and the region a WRITE lands in says how its
 immediate data reads:
@@ -47,6 +50,7 @@ from fpgaccl.proto.opcodes import (
     psn_diff,
     split_syndrome,
 )
+from fpgaccl.proto.reliability import HOLD_PACKETS, NAK_HOLDOFF_PACKETS
 
 from . import native, wire
 
@@ -67,6 +71,12 @@ _ACK = int(Opcode.ACKNOWLEDGE)
 _MIDDLE = int(Opcode.RDMA_WRITE_MIDDLE)
 _AETH = frozenset(int(o) for o in AETH_OPCODES)
 _ROW_EXTRA = wire.BTH_LEN + wire.ICRC_LEN
+
+MIN_CWND = 4
+"""Packets: the smallest congestion window a loss cuts to (AckReq every 2 packets)."""
+RTO_MIN_S = 0.01
+"""The adaptive retransmit timeout's floor: a spurious expiry resends one packet only, but
+a loaded machine's scheduling delays reach milliseconds."""
 _BE32 = np.dtype(">u4")
 _LE32 = np.dtype("<u4")
 
@@ -251,6 +261,14 @@ def _head8(opcode: int, dqpn: int) -> ctypes.Array:
     return (ctypes.c_uint8 * 8)(*wire.BTH_FMT.pack(opcode, 0, wire.PKEY, dqpn, 0)[:8])
 
 
+def _opcode(entry: tuple) -> int:
+    """The opcode of an outstanding entry's first packet (a run holds MIDDLEs only)."""
+    _, parts, _, k = entry
+    if type(parts) is GatherRun or k > 1:
+        return _MIDDLE
+    return parts[0][0]
+
+
 class GatherRun:
     """An outstanding run of MIDDLE packets of a borrowed message: the packets from byte
     ``off`` of ``msg``'s payload, one ``meta`` row (BTH | ICRC) each. Resending it reads
@@ -320,10 +338,32 @@ class QueuePair:
         self.acked_at = 0.0
         self.probed = 0.0
         self.error: BaseException | None = None
+        # Recovery (proto/reliability.py). ``selective``: the peer holds early packets (a
+        # software engine; set at rendezvous), so a NAK resends the NAKed packet alone and,
+        # once the ACKs reach ``gbn_psn`` (-1: none), everything from there.
+        self.selective = False
+        self.gbn_psn = -1
+        # AIMD congestion window (packets, inf: the engine's window), cut at most once a
+        # round trip: losses of PSNs before ``recover_psn`` share the cut.
+        self.cwnd = float("inf")
+        self.ssthresh = float("inf")
+        self.recover_psn = -1
+        # The last NAK acted on, and until which PSN a go-back-N resent from it.
+        self.nak_psn = -1
+        self.nak_at = 0.0
+        self.resent_to = -1
+        # Round-trip time (RFC 6298 estimator, Karn's rule): one timed PSN at a time.
+        self.srtt = 0.0
+        self.rttvar = 0.0
+        self.rto = getattr(engine, "rto_s", float("inf"))  # the measured one only lowers it
+        self.rtt_psn = -1
+        self.rtt_at = 0.0
         # Responder state.
         self.epsn = 0
         self.msn = 0
         self.nak_sent = False
+        self.dropped_early = False  # an early packet was dropped since the last in-order one
+        self.held: set[int] = set()  # PSNs ahead of epsn whose MIDDLE is already written
         self.ack_pending = False
         # Deferred ACKs (software peers only: the communicator sets ``ack_delay`` from the
         # rendezvous): ack_due 0 = none, -1 = one waits for the engine to stamp it, else
@@ -383,9 +423,19 @@ class QueuePair:
         return self.cur is not None or bool(self.credits) or bool(self.direct) or (
             bool(self.pending) and bool(self.free_slots))
 
+    def window(self) -> int:
+        """Packets that may be outstanding: the congestion window within the engine's."""
+        w = self.engine.window
+        return w if self.cwnd >= w else max(MIN_CWND, int(self.cwnd))
+
+    def half(self) -> int:
+        """AckReq cadence: every half window, so that a small window still gets ACKs."""
+        return max(1, self.window() // 2)
+
     def pump(self, now: float) -> bool:
         """Send new packets while the window allows; True if anything went out."""
-        window = self.engine.window
+        window = self.window()
+        psn0 = self.next_psn
         burst: list[tuple] = []
         sent = False
         while self.inflight < window and self.error is None:
@@ -423,6 +473,8 @@ class QueuePair:
         if burst:
             self.engine.transmit_many(burst, self.addr)
             sent = True
+        if sent and self.rtt_psn < 0 and self.next_psn != psn0:
+            self.rtt_psn, self.rtt_at = (self.next_psn - 1) & wire.PSN_MASK, now
         return sent
 
     def _segment(self, msg: Message, now: float) -> tuple:
@@ -448,7 +500,7 @@ class QueuePair:
         if last:
             ext += wire.IMM_FMT.pack(msg.imm)
         self.since_ackreq += 1
-        ackreq = last or self.since_ackreq >= self.engine.window // 2
+        ackreq = last or self.since_ackreq >= self.half()
         if ackreq:
             self.since_ackreq = 0
         psn = self.next_psn
@@ -478,7 +530,7 @@ class QueuePair:
         the engine as one run of equal datagrams. The payloads stay views of the message
         (no copy); the kernel gathers each datagram from its three parts."""
         mtu = self.engine.mtu
-        half = self.engine.window // 2
+        half = self.half()
         data = msg.data
         off = self.cur_off
         psn = self.next_psn
@@ -522,7 +574,7 @@ class QueuePair:
         columns at a time, and the rows go to the engine as one contiguous run; the
         outstanding entry is the run, not each packet."""
         mtu = self.engine.mtu
-        half = self.engine.window // 2
+        half = self.half()
         seg = _ROW_EXTRA + mtu
         j = self.cur_off // mtu
         run = msg.rows[j:j + k]
@@ -561,7 +613,7 @@ class QueuePair:
         self.since_ackreq = fp.seal_meta(
             meta.__array_interface__["data"][0], wire.BTH_LEN, run.src_address(), k, mtu,
             wire.BTH_FMT.pack(_MIDDLE, 0, wire.PKEY, self.remote_qpn, 0)[:8], self.next_psn,
-            wire.PSN_MASK, wire.ACKREQ, self.since_ackreq, self.engine.window // 2,
+            wire.PSN_MASK, wire.ACKREQ, self.since_ackreq, self.half(),
             self._send_middle_state(), fp.crc)
         if not self.outstanding:
             self.last_progress = self.acked_at = now
@@ -623,9 +675,18 @@ class QueuePair:
         self.engine.stats["acks_rx"] += 1
         self.probed = 0.0
         if kind == AethKind.NAK and code == NakCode.PSN_SEQUENCE_ERROR:
-            self._acked(psn - 1, now)
             self.engine.stats["nak_rx"] += 1
-            self.retransmit(now)
+            if self._acked(psn - 1, now):
+                return  # it moved the ACKs to where the unheld rest was resent from
+            if self._stale_nak(psn, now):
+                self.engine.stats["nak_ignored"] += 1
+                return
+            self.nak_psn, self.nak_at = psn, now
+            self._cut(psn)
+            if self.selective:
+                self._repair(now)
+            else:
+                self.retransmit(now)
         elif kind == AethKind.NAK:
             self.error = RemoteAccessError(
                 f"peer {self.peer} NAKed PSN {psn}: {NakCode(code).name}"
@@ -638,18 +699,37 @@ class QueuePair:
             # reserved kind: no action, as in the HDL requester, but counted.
             self.engine.stats["ack_ignored"] += 1
 
-    def _acked(self, psn: int, now: float) -> None:
+    def _acked(self, psn: int, now: float) -> bool:
+        """Retire what an ACK of ``psn`` covers; True if that resent the rest (the
+        responder had all before ``gbn_psn`` and could hold nothing after it)."""
         out = self.outstanding
         if not out:
-            return
+            return False
         # Outstanding PSNs are consecutive: the ACK covers the first n of them.
         n = min(psn_diff(psn, out[0][0]) + 1, self.inflight)
         if n <= 0:
-            return
+            return False
         self.inflight -= n
         self.last_progress = self.acked_at = now
         self.retries = 0
         self.probed = 0.0
+        if self.rtt_psn >= 0 and psn_diff(psn, self.rtt_psn) >= 0:
+            self._rtt_sample(now - self.rtt_at)
+        if self.cwnd < self.engine.window:
+            # Slow start below the threshold, then one packet per window of ACKs.
+            self.cwnd += n if self.cwnd < self.ssthresh else n / self.cwnd
+        self._pop_acked(n)
+        if self.gbn_psn >= 0 and (not out or psn_diff(out[0][0], self.gbn_psn) >= 0):
+            # Stopping right there says the responder dropped it; past it, it had it.
+            resend = bool(out) and out[0][0] == self.gbn_psn
+            self.gbn_psn = -1
+            if resend:
+                self.retransmit(now)
+                return True
+        return False
+
+    def _pop_acked(self, n: int) -> None:
+        out = self.outstanding
         pop = out.popleft
         while n:
             first, parts, msg, k = out[0]
@@ -678,11 +758,84 @@ class QueuePair:
                     msg.completion.finish_one()
                     self.engine.seq_due = True
 
+    def _rtt_sample(self, rtt: float) -> None:
+        self.rtt_psn = -1
+        if self.srtt:
+            self.rttvar = 0.75 * self.rttvar + 0.25 * abs(self.srtt - rtt)
+            self.srtt = 0.875 * self.srtt + 0.125 * rtt
+        else:
+            self.srtt, self.rttvar = rtt, rtt / 2
+        self.rto = min(getattr(self.engine, "rto_s", float("inf")),
+                       max(RTO_MIN_S, self.srtt + 4 * self.rttvar))
+
+    def _stale_nak(self, psn: int, now: float) -> bool:
+        """Whether a NAK asks for what a resend already covers: the same PSN again within a
+        timeout (a duplicated NAK; a responder NAKs a gap once), or, after a go-back-N, a
+        PSN it resent less than a round trip ago (the responder saw a reordered packet
+        before the resent ones)."""
+        if self.nak_psn < 0 or now - self.nak_at >= self.rto:
+            return False
+        if psn == self.nak_psn:
+            return True
+        return (not self.selective and self.resent_to >= 0 and now - self.nak_at < self.srtt
+                and psn_diff(psn, self.nak_psn) >= 0 and psn_diff(psn, self.resent_to) < 0)
+
+    def _cut(self, psn: int) -> None:
+        """Halve the congestion window for a loss at ``psn``, once per round trip."""
+        if self.recover_psn >= 0 and psn_diff(psn, self.recover_psn) < 0:
+            return
+        w = max(MIN_CWND, min(self.cwnd, self.engine.window, max(self.inflight, 1)) / 2)
+        self.cwnd = self.ssthresh = w
+        self.recover_psn = self.next_psn
+        self.engine.stats["window_cuts"] += 1
+
+    def _repair(self, now: float) -> None:
+        """A NAK from a holding responder (proto/reliability.py): resend the NAKed packet
+        alone; what it could not hold is resent once the ACKs reach it (``gbn_psn``)."""
+        if not self.outstanding:
+            return
+        self.last_progress = now
+        self.rtt_psn = -1
+        self._resend_oldest()
+        lost = self.outstanding[0][0]
+        first = self._unheld_from()
+        self.gbn_psn = first if psn_diff(first, self.next_psn) < 0 else -1
+        self.resent_to = (lost + 1) & wire.PSN_MASK
+
+    def _unheld_from(self) -> int:
+        """The first outstanding PSN after the oldest that a holding responder, missing
+        the oldest, could not have held: the first that is not a WRITE MIDDLE (a MIDDLE
+        after a missing FIRST is not held either), or HOLD_PACKETS ahead."""
+        out = self.outstanding
+        start = out[0][0]
+        if _opcode(out[0]) != _MIDDLE:
+            # A FIRST or ONLY (no WRITE in progress there), or a LAST (the next is a FIRST).
+            return (start + 1) & wire.PSN_MASK
+        for entry in out:
+            d = psn_diff(entry[0], start)
+            if d >= HOLD_PACKETS:
+                break
+            if d and _opcode(entry) != _MIDDLE:
+                return entry[0]
+        if psn_diff(self.next_psn, start) <= HOLD_PACKETS:
+            return self.next_psn
+        return (start + HOLD_PACKETS) & wire.PSN_MASK
+
+    def _resend_oldest(self) -> None:
+        self.engine.stats["retransmits"] += 1
+        _, parts, _, k = self.outstanding[0]
+        if type(parts) is GatherRun:
+            self.engine.transmit_gather(parts, 1, self.addr)
+        else:
+            self.engine.transmit(parts if k == 1 else (parts[:len(parts) // k],), self.addr)
+
     def retransmit(self, now: float) -> None:
         """Go-back-N: resend every unacknowledged packet, oldest first."""
         self.last_progress = now
         if not self.outstanding:
             return
+        self.rtt_psn = -1
+        self.resent_to = self.next_psn
         self.engine.stats["retransmits"] += self.inflight
         batch: list = []
         for _, parts, _, k in self.outstanding:
@@ -701,9 +854,16 @@ class QueuePair:
             self.engine.transmit_many(batch, self.addr)
 
     def check_timer(self, now: float, rto: float) -> None:
-        if self.outstanding and now - self.last_progress > rto * (1 << min(self.retries, 4)):
+        """``rto``: the engine's timeout, the most this QP's measured one may be."""
+        # The measured timeout for the first expiry (a lost resend, a lost tail); later ones
+        # back off from the engine's, so that retry_limit still spans seconds.
+        if self.outstanding and now - self.last_progress > (
+                min(rto, self.rto) if not self.retries else rto * (1 << min(self.retries, 4))):
             self.retries += 1
             self.engine.stats["timeouts"] += 1
+            self.rtt_psn = -1
+            if self.retries > 1:
+                self._cut(self.outstanding[0][0])
             limit = getattr(self.engine, "retry_limit", None)
             if limit is not None and self.retries > limit:
                 # As the HDL requester: ``limit`` retransmissions without an ACK that
@@ -716,13 +876,10 @@ class QueuePair:
                 # avoids resending a whole window that already arrived; a real loss is
                 # recovered by the full go-back-N on the next expiry (or by a NAK).
                 self.last_progress = now
-                self.engine.stats["retransmits"] += 1
-                _, parts, _, k = self.outstanding[0]
-                if type(parts) is GatherRun:
-                    self.engine.transmit_gather(parts, 1, self.addr)
+                if self.selective:
+                    self._repair(now)  # what follows a lost packet the peer could not hold
                 else:
-                    self.engine.transmit(parts if k == 1 else (parts[:len(parts) // k],),
-                                         self.addr)
+                    self._resend_oldest()
             else:
                 self.retransmit(now)
 
@@ -737,11 +894,11 @@ class QueuePair:
             self.ack_pending = True
             return
         if d > 0:
+            if self._hold(opcode, psn, d, pkt, end):
+                return
             eng.drop(DropReason.PSN_OUT_OF_ORDER)
-            if not self.nak_sent:
-                self.nak_sent = True
-                self.send_ack(aeth_syndrome(AethKind.NAK, NakCode.PSN_SEQUENCE_ERROR),
-                              self.epsn)
+            self.dropped_early = True
+            self._nak_gap()
             return
         pos = wire.BTH_LEN
         if opcode in _FIRST_OR_ONLY:
@@ -756,6 +913,7 @@ class QueuePair:
             win = mr.window
             if win is not None and win[0] <= off and off + dlen <= win[1]:
                 mr, off = win[2], off - win[0]
+            self.held.clear()  # none can be left: held MIDDLEs precede their LAST
             if eng.borrowed:
                 # A message of ours may still need what this WRITE is about to overwrite.
                 eng.protect(mr.va + off, mr.va + off + dlen)
@@ -777,13 +935,21 @@ class QueuePair:
         if n < 0 or self.w_done + n > self.w_len or (
                 opcode in _ENDS and self.w_done + n != self.w_len):
             self.w_off = -1
+            self.held.clear()
             return self._access_error(DropReason.OUT_OF_BOUNDS, psn)
         if n:
             start = self.w_off + self.w_done
             self.w_mr.view[start:start + n] = pkt[pos:pos + n]
             self.w_done += n
         self.epsn = (self.epsn + 1) & wire.PSN_MASK
+        if self.nak_sent or self.dropped_early:
+            # It fills a gap we NAKed or dropped behind: the requester learns at once how
+            # far we are (a holding requester resends the rest only then).
+            self.ack_pending = True
+            self.dropped_early = False
         self.nak_sent = False
+        if self.held:
+            self._advance_held()
         if ackreq:
             if self.ack_delay and opcode in _ENDS and self.w_mr is not self.ring:
                 # A sequencer message's end: its sender waits on no ACK (only its window
@@ -814,6 +980,48 @@ class QueuePair:
             self.w_off = -1
             self.w_fold = None
 
+    def _hold(self, opcode: int, psn: int, d: int, pkt: memoryview, end: int) -> bool:
+        """Store an early WRITE MIDDLE of the WRITE in progress, ``d`` PSNs ahead, where
+        it belongs (proto/reliability.py); False if it may not be held."""
+        mtu = self.engine.mtu
+        if (opcode != _MIDDLE or self.w_off < 0 or d >= HOLD_PACKETS or pkt[1] & 0x30
+                or end - wire.BTH_LEN - wire.ICRC_LEN != mtu
+                or (d + 1) * mtu >= self.w_len - self.w_done):
+            return False
+        if psn in self.held:
+            self.engine.drop(DropReason.PSN_DUPLICATE)
+            return True
+        start = self.w_off + self.w_done + d * mtu
+        self.w_mr.view[start:start + mtu] = pkt[wire.BTH_LEN:wire.BTH_LEN + mtu]
+        self.held.add(psn)
+        self.engine.stats["rx_held"] += 1
+        if d >= NAK_HOLDOFF_PACKETS:
+            self._nak_gap()
+        return True
+
+    def _nak_gap(self) -> None:
+        if not self.nak_sent:
+            self.nak_sent = True
+            self.send_ack(aeth_syndrome(AethKind.NAK, NakCode.PSN_SEQUENCE_ERROR), self.epsn)
+
+    def _advance_held(self) -> None:
+        """The expected PSN jumps over the held MIDDLEs that now follow in order."""
+        held, mtu = self.held, self.engine.mtu
+        psn, m = self.epsn, 0
+        while psn in held:
+            held.discard(psn)
+            psn = (psn + 1) & wire.PSN_MASK
+            m += 1
+        if m:
+            self.epsn = psn
+            self.w_done += m * mtu
+            self.ack_pending = True
+        if held and not self.nak_sent:
+            # Held packets behind a new gap: it has waited long enough. The NAK also
+            # ACKs everything before it.
+            self.ack_pending = False
+            self._nak_gap()
+
     def on_middle_run(self, rows: np.ndarray, seed: int) -> int:
         """``rows``: k coalesced datagrams of equal size (one per row, contiguous), the
         first an RDMA WRITE MIDDLE to this QP (the Python path; the C one is
@@ -823,7 +1031,7 @@ class QueuePair:
         on each in turn, and return how many were taken. The first that fails any check,
         and all after it, are left to :meth:`on_write`: nothing of theirs is written
         here."""
-        if self.w_off < 0 or wire.MASK_W2:
+        if self.w_off < 0 or wire.MASK_W2 or self._recovering():
             return 0
         k, seg = rows.shape
         pay = seg - wire.BTH_LEN - wire.ICRC_LEN
@@ -850,7 +1058,7 @@ class QueuePair:
         receive batch at ``buf`` (``fp_take_runs``; ``meta``: the batch's lens, segs,
         addrs, ports arrays). Returns (datagrams taken, runs taken whole)."""
         fp = self.fastpath
-        if self.w_off < 0 or wire.MASK_W2 or fp is None:
+        if self.w_off < 0 or wire.MASK_W2 or fp is None or self._recovering():
             return 0, 0
         pay = seg - wire.BTH_LEN - wire.ICRC_LEN
         room = self._middle_room(pay)
@@ -867,6 +1075,10 @@ class QueuePair:
         if taken and self._ackreq.value & wire.ACKREQ:
             self.ack_pending = True
         return taken, self._whole.value
+
+    def _recovering(self) -> bool:
+        """Whether in-order packets need :meth:`on_write` (a gap's state), not a fast path."""
+        return bool(self.held) or self.nak_sent or self.dropped_early
 
     def _middle_room(self, pay: int) -> int:
         """How many MIDDLEs of ``pay`` bytes the WRITE in progress may still take."""
@@ -975,7 +1187,7 @@ class QueuePair:
         :meth:`on_middle_runs`' checks, land (or fold) where the next ones would here, and
         the ACKs they ask for go out at once. False when there is none to take."""
         mtu = self.engine.mtu
-        if self.w_off < 0 or self._ack is None or self.fastpath is None:
+        if self.w_off < 0 or self._ack is None or self.fastpath is None or self._recovering():
             return False
         room = self._middle_room(mtu)
         if room <= 0:
@@ -1023,7 +1235,7 @@ class QueuePair:
         b.tx_head = _head8(_MIDDLE, self.remote_qpn)
         b.tx_state = self._send_middle_state()
         b.next_psn, b.inflight, b.since = self.next_psn, self.inflight, self.since_ackreq
-        b.window, b.half = self.engine.window, self.engine.window // 2
+        b.window, b.half = self.window(), self.half()
         b.src = msg.src_addr + self.cur_off - msg.src_off
         b.k_left = k
         b.meta = meta.__array_interface__["data"][0]
@@ -1036,7 +1248,7 @@ class QueuePair:
                 b.notify_on, b.notify_psn = 1, (first + n - 1) & wire.PSN_MASK
                 break
         b.last_progress = self.last_progress
-        b.rto = self.engine.rto_s
+        b.rto = self.rto
         return meta
 
     def bulk_tx_done(self, b: native.Bulk, meta: np.ndarray) -> None:

@@ -145,6 +145,7 @@ class SoftwareBackend:
                                    else wire.hdl_sport(theirs["qpn"])))
             if software:
                 qp.ack_delay = engine.ack_delay_s
+                qp.selective = True  # it holds early packets (proto/reliability.py)
         engine.open_peer_sockets()
         # Only software peers: a bigger send window (an HDL node's receive path has no
         # socket buffer to absorb one).

@@ -1,0 +1,35 @@
+"""Reliable Connection recovery: what a responder may do with a packet that arrives early,
+and what a requester may then assume. The wire is standard RoCEv2 RC in every case (ACK
+and NAK-PSN-sequence-error AETHs, cumulative, the NAK carrying the first missing PSN); only
+what a responder keeps differs.
+
+* A **go-back-N responder** (the HDL, ``hw/transport/responder.py``) drops every packet
+  after a gap and NAKs once per gap; its requester resends everything from the NAKed PSN.
+* A **holding responder** (the software engine) also stores an early RDMA WRITE MIDDLE when
+  its address is known: it belongs to the WRITE in progress (whose FIRST has landed), lies
+  fewer than :data:`HOLD_PACKETS` PSNs ahead, carries a full path-MTU payload and is not the
+  WRITE's last packet (PSN arithmetic says so: ``(d + 1) * mtu < bytes still due``). It is
+  written at ``offset + d * mtu`` and counted as held; the expected PSN jumps over held PSNs
+  once the gap fills. Anything else early (a FIRST, LAST, ONLY, a packet past the limit) is
+  dropped as the go-back-N responder drops it, and NAKed at once. While early packets are
+  held, the NAK for the gap waits until one :data:`NAK_HOLDOFF_PACKETS` or more ahead
+  arrives (small reordering is no loss). A packet that fills a gap this responder NAKed
+  or dropped behind is ACKed at once; if held packets remain behind a new gap, that gap
+  is NAKed at once (the NAK ACKs what precedes it).
+
+A requester talking to a holding responder resends, on a NAK (or a first timer expiry),
+the oldest packet alone and, if the ACKs then stop exactly at the first packet the
+responder could not hold, everything from there. It stays correct against a go-back-N
+responder only if it knows which kind it talks to: a software engine announces itself at
+rendezvous, an HDL node is go-back-N. A go-back-N
+requester (the HDL) stays correct against a holding responder: what it resends and the
+responder holds is a duplicate, dropped and re-ACKed.
+"""
+
+HOLD_PACKETS = 512
+"""How far ahead of the expected PSN a holding responder stores an early WRITE MIDDLE."""
+
+NAK_HOLDOFF_PACKETS = 16
+"""A holding responder NAKs a gap once a packet this far (or farther) ahead arrives."""
+
+__all__ = ["HOLD_PACKETS", "NAK_HOLDOFF_PACKETS"]

@@ -1,0 +1,278 @@
+"""QueuePair recovery (proto/reliability.py): the congestion window, what a NAK resends, the
+measured retransmit timeout, and the holding responder. The QP is driven by hand against a
+recording engine double; datagrams in come from the proto reference model."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from fpgaccl.host import wire
+from fpgaccl.host.qp import MIN_CWND, RTO_MIN_S, MemoryRegion, Message, QueuePair
+from fpgaccl.proto.drops import DropReason
+from fpgaccl.proto.opcodes import AethKind, NakCode, Opcode, aeth_syndrome, split_syndrome
+from fpgaccl.proto.reliability import NAK_HOLDOFF_PACKETS
+
+from ._world import all_ok, run_world
+from .test_transport import _Recorder, _seg
+
+MTU = 1024
+PSN0 = 1000
+NAK_SEQ = aeth_syndrome(AethKind.NAK, NakCode.PSN_SEQUENCE_ERROR)
+
+
+class _Engine(_Recorder):
+    def __init__(self, window: int = 64) -> None:
+        super().__init__(MTU, window, rows=False)
+        self.rto_s = 0.05
+        self.drops: Counter[DropReason] = Counter()
+        self.mrs: dict[int, MemoryRegion] = {}
+        self.borrowed = {}
+        self.seq_due = self.arrivals_dirty = False
+
+    def drop(self, reason: DropReason) -> None:
+        self.drops[reason] += 1
+
+    def qp_failed(self, qp, error) -> None:
+        raise AssertionError(f"the QP failed: {error}")
+
+
+def _qp(window: int = 64, *, selective: bool = False) -> tuple[QueuePair, _Engine]:
+    eng = _Engine(window)
+    ring = MemoryRegion(0x77, np.zeros(64 * MTU, np.uint8), 0x100)
+    eng.mrs[ring.rkey] = ring
+    qp = QueuePair(eng, 1, 0x100, slot_bytes=64 * MTU, slots=1, ring=ring)
+    qp.connect(remote_qpn=0x4242, addr=("127.0.0.2", wire.ROCEV2_UDP_PORT),
+               local_ip="127.0.0.1", send_psn=PSN0, recv_psn=100, remote_va=0, remote_rkey=7)
+    qp.selective = selective
+    return qp, eng
+
+
+def _psn(dg: bytes) -> int:
+    return int.from_bytes(dg[9:12], "big")
+
+
+def _send(qp: QueuePair, packets: int, now: float = 0.0) -> None:
+    qp.post_direct(Message(memoryview(bytes(packets * MTU)), 0x00050003, None, va=0x1000,
+                           rkey=9))
+    qp.pump(now)
+
+
+# ---------------------------------------------------------------- requester
+def test_nak_from_a_holding_peer_resends_the_nakked_packet_alone() -> None:
+    qp, eng = _qp(selective=True)
+    _send(qp, 40)  # FIRST, 38 MIDDLEs, LAST
+    assert len(eng.out) == 40
+    eng.out.clear()
+    qp.on_ack(PSN0 + 5, NAK_SEQ, 0.001)
+    assert [_psn(d) for d in eng.out] == [PSN0 + 5]
+    assert eng.stats["retransmits"] == 1
+    # A duplicated NAK resends nothing more.
+    qp.on_ack(PSN0 + 5, NAK_SEQ, 0.001)
+    assert len(eng.out) == 1 and eng.stats["nak_ignored"] == 1
+    # The peer held the MIDDLEs, not the LAST: once the ACKs reach it, the LAST goes again.
+    qp.on_ack(PSN0 + 30, wire.ACK_SYNDROME, 0.002)
+    assert len(eng.out) == 1
+    qp.on_ack(PSN0 + 38, wire.ACK_SYNDROME, 0.002)
+    assert [_psn(d) for d in eng.out[1:]] == [PSN0 + 39]
+    assert eng.out[1][0] == Opcode.RDMA_WRITE_LAST_WITH_IMMEDIATE
+
+
+@pytest.mark.parametrize("answer", ["ack", "nak"])
+def test_nak_of_a_last_from_a_holding_peer_resends_what_follows_once_it_is_acked(
+        answer: str) -> None:
+    qp, eng = _qp(selective=True)
+    _send(qp, 3)
+    _send(qp, 3)
+    eng.out.clear()
+    qp.on_ack(PSN0 + 2, NAK_SEQ, 0.001)  # the first message's LAST: the next was not held
+    assert [_psn(d) for d in eng.out] == [PSN0 + 2]
+    # The responder answers the resent LAST with an ACK, or (having dropped the next FIRST
+    # since) a NAK of that FIRST: either way the rest goes again, once.
+    if answer == "ack":
+        qp.on_ack(PSN0 + 2, wire.ACK_SYNDROME, 0.002)
+    else:
+        qp.on_ack(PSN0 + 3, NAK_SEQ, 0.002)
+    assert [_psn(d) for d in eng.out[1:]] == [PSN0 + 3, PSN0 + 4, PSN0 + 5]
+
+
+@pytest.mark.parametrize("spurious", [False, True])
+def test_timer_probe_to_a_holding_peer_resends_what_it_could_not_hold(spurious: bool) -> None:
+    qp, eng = _qp(selective=True)
+    _send(qp, 3)
+    _send(qp, 3)
+    qp.on_ack(PSN0 + 1, wire.ACK_SYNDROME, 0.001)
+    eng.out.clear()
+    qp.check_timer(1.0, 0.05)  # the first message's LAST went unACKed
+    assert [_psn(d) for d in eng.out] == [PSN0 + 2]
+    if spurious:  # it had arrived, and all after it: the ACK says so, nothing more goes
+        qp.on_ack(PSN0 + 5, wire.ACK_SYNDROME, 1.001)
+        assert len(eng.out) == 1 and not qp.outstanding
+    else:  # the LAST was lost, and the next message dropped behind it
+        qp.on_ack(PSN0 + 2, wire.ACK_SYNDROME, 1.001)
+        assert [_psn(d) for d in eng.out[1:]] == [PSN0 + 3, PSN0 + 4, PSN0 + 5]
+
+
+def test_nak_from_a_go_back_n_peer_resends_everything_once() -> None:
+    qp, eng = _qp(selective=False)
+    _send(qp, 40)
+    eng.out.clear()
+    qp.on_ack(PSN0 + 5, NAK_SEQ, 0.001)
+    assert [_psn(d) for d in eng.out] == list(range(PSN0 + 5, PSN0 + 40))
+    qp.on_ack(PSN0 + 5, NAK_SEQ, 0.001)  # duplicated on the way: no second go-back-N
+    assert len(eng.out) == 35 and eng.stats["nak_ignored"] == 1
+
+
+def test_window_halves_on_loss_once_per_round_trip_and_grows_back() -> None:
+    qp, eng = _qp(window=64)
+    _send(qp, 300)
+    assert qp.inflight == 64 and qp.window() == 64
+    qp.on_ack(PSN0 + 10, NAK_SEQ, 0.001)  # 54 outstanding when the loss is known
+    assert qp.window() == 27 and eng.stats["window_cuts"] == 1
+    qp.on_ack(PSN0 + 20, NAK_SEQ, 0.0011)  # a second loss of the same round trip
+    assert qp.window() == 27 and eng.stats["window_cuts"] == 1
+    eng.out.clear()
+    qp.on_ack(PSN0 + 63, wire.ACK_SYNDROME, 0.002)
+    qp.pump(0.002)
+    sent = eng.out
+    assert 27 <= qp.inflight == len(sent) < 64
+    # AckReq every half of the cut window, so that the smaller window still gets ACKs.
+    asks = [i for i, d in enumerate(sent) if d[8] & 0x80]
+    assert asks and all(b - a <= qp.window() // 2 + 1 for a, b in zip([-1, *asks], asks,
+                                                                       strict=False))
+    # Loss-free round trips grow it back to the engine's window, never past it.
+    t = 0.003
+    for _ in range(100):
+        qp.on_ack((qp.next_psn - 1) & wire.PSN_MASK, wire.ACK_SYNDROME, t)
+        if qp.cur is None:
+            _send(qp, 64, t)
+        qp.pump(t)
+        t += 0.001
+    assert qp.window() == 64 and qp.inflight == 64
+
+
+def test_window_never_shrinks_below_its_floor() -> None:
+    qp, _ = _qp(window=64)
+    _send(qp, 2000)
+    for t in range(12):  # each a loss of a round trip of its own
+        qp.on_ack((qp.next_psn - qp.inflight) & wire.PSN_MASK, NAK_SEQ, float(t))
+        qp.recover_psn = -1
+        qp.pump(float(t))
+    assert qp.window() == MIN_CWND
+
+
+def test_retransmit_timeout_follows_the_measured_round_trip() -> None:
+    qp, eng = _qp()
+    assert qp.rto == 0.05
+    _send(qp, 4)
+    qp.on_ack(PSN0 + 3, wire.ACK_SYNDROME, 0.002)  # a 2 ms round trip
+    assert RTO_MIN_S <= qp.rto < 0.05
+    _send(qp, 4, now=1.0)
+    qp.check_timer(1.0 + qp.rto / 2, 0.05)
+    assert eng.stats["timeouts"] == 0
+    qp.check_timer(1.0 + qp.rto * 1.01, 0.05)  # long before the engine's 50 ms
+    assert eng.stats["timeouts"] == 1
+
+
+def test_a_retransmitted_packet_gives_no_round_trip_sample() -> None:
+    qp, _ = _qp()
+    _send(qp, 4)
+    qp.check_timer(0.06, 0.05)  # resent: its ACK may answer either copy (Karn)
+    qp.on_ack(PSN0 + 3, wire.ACK_SYNDROME, 0.0601)
+    assert qp.srtt == 0.0 and qp.rto == 0.05
+
+
+# ---------------------------------------------------------------- responder
+def _write(qp: QueuePair, eng: _Engine, i: int, data: bytes, n: int) -> None:
+    """Packet ``i`` of an ``n``-packet WRITE of ``data`` to the ring, PSN 100 + i."""
+    if i == 0:
+        op = Opcode.RDMA_WRITE_FIRST
+    elif i == n - 1:
+        op = Opcode.RDMA_WRITE_LAST
+    else:
+        op = Opcode.RDMA_WRITE_MIDDLE
+    reth = {"va": qp.ring.va, "rkey": qp.ring.rkey, "dlen": len(data)} if i == 0 else None
+    dg = _seg(op, 100 + i, data[i * MTU:(i + 1) * MTU], qp.qpn, "127.0.0.2", "127.0.0.1",
+              reth=reth, ackreq=int(i == n - 1))
+    qp.on_write(op, 100 + i, int(i == n - 1), memoryview(dg), len(dg))
+    qp.flush_ack()
+
+
+def _acks(eng: _Engine) -> list[tuple[AethKind, int]]:
+    got = []
+    for dg in eng.out:
+        assert dg[0] == Opcode.ACKNOWLEDGE
+        kind, _ = split_syndrome(dg[12])
+        got.append((kind, _psn(dg)))
+    eng.out.clear()
+    return got
+
+
+def test_early_middles_are_held_and_the_gap_fills_without_a_resend() -> None:
+    qp, eng = _qp()
+    data = np.random.default_rng(1).integers(0, 256, 40 * MTU, np.uint8).tobytes()
+    _write(qp, eng, 0, data, 40)
+    for i in range(2, 12):  # packet 1 is late
+        _write(qp, eng, i, data, 40)
+    assert eng.stats["rx_held"] == 10 and not eng.drops and not _acks(eng)
+    _write(qp, eng, 5, data, 40)  # a copy of a held one
+    assert eng.drops[DropReason.PSN_DUPLICATE] == 1
+    _write(qp, eng, 1, data, 40)
+    assert qp.epsn == 112 and _acks(eng) == [(AethKind.ACK, 111)]  # at once: the gap filled
+    for i in range(12, 40):
+        _write(qp, eng, i, data, 40)
+    assert qp.epsn == 140 and qp.ring.buf[:len(data)].tobytes() == data
+    assert not qp.held
+
+
+def test_a_gap_is_naked_once_a_packet_far_enough_ahead_arrives() -> None:
+    qp, eng = _qp()
+    data = bytes(40 * MTU)
+    _write(qp, eng, 0, data, 40)
+    for i in range(2, 1 + NAK_HOLDOFF_PACKETS):  # up to HOLDOFF - 1 ahead of PSN 101
+        _write(qp, eng, i, data, 40)
+    assert not _acks(eng)
+    _write(qp, eng, 1 + NAK_HOLDOFF_PACKETS, data, 40)
+    assert _acks(eng) == [(AethKind.NAK, 101)]
+
+
+def test_an_early_last_is_not_held() -> None:
+    qp, eng = _qp()
+    data = bytes(4 * MTU)
+    _write(qp, eng, 0, data, 4)
+    _write(qp, eng, 3, data, 4)
+    assert eng.drops[DropReason.PSN_OUT_OF_ORDER] == 1 and not qp.held
+    assert _acks(eng) == [(AethKind.NAK, 101)]
+
+
+def test_a_second_gap_behind_held_packets_is_naked_when_the_first_fills() -> None:
+    qp, eng = _qp()
+    data = bytes(40 * MTU)
+    _write(qp, eng, 0, data, 40)
+    for i in (2, 3, 5, 6):  # 1 and 4 missing
+        _write(qp, eng, i, data, 40)
+    _write(qp, eng, 1, data, 40)
+    assert qp.epsn == 104 and _acks(eng) == [(AethKind.NAK, 104)]  # it ACKs 103 too
+
+
+# ---------------------------------------------------------------- on a lossy link
+def _lossy_allreduce(comm) -> dict:
+    p = comm.world_size
+    x = np.arange(1 << 18, dtype=np.float32) + comm.rank
+    comm.allreduce(x, algo="ring")
+    ok = bool(np.array_equal(x, np.arange(1 << 18, dtype=np.float32) * p + p * (p - 1) / 2))
+    return {"ok": ok, "stats": comm.stats()}
+
+
+@pytest.mark.parametrize("impair", ["loss=0.05", "loss=0.05,reorder=0.05"])
+def test_retransmissions_stay_proportional_to_losses(impair: str) -> None:
+    res = all_ok(run_world(4, _lossy_allreduce, timeout=180,
+                           comm_kw={"impair": impair, "mtu": MTU, "deadline_s": 120}))
+    assert all(r["ok"] for r in res)
+    lost = sum(r["stats"].get("link_lost", 0) for r in res)
+    retx = sum(r["stats"].get("retransmits", 0) for r in res)
+    assert lost > 0
+    # Go-back-N resent a window per loss; now about one packet each.
+    assert retx < 3 * lost, (retx, lost)
