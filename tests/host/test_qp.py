@@ -274,5 +274,7 @@ def test_retransmissions_stay_proportional_to_losses(impair: str) -> None:
     lost = sum(r["stats"].get("link_lost", 0) for r in res)
     retx = sum(r["stats"].get("retransmits", 0) for r in res)
     assert lost > 0
-    # Go-back-N resent a window per loss; now about one packet each.
-    assert retx < 3 * lost, (retx, lost)
+    # Go-back-N resent a window per loss (17.9 per lost packet here); now about one each.
+    # The bound leaves room for spurious timer expiries on a starved CPU (4.4 seen at load
+    # 20 on 2 cores); bench/loss.py records the ratio against the 3x.
+    assert retx < 8 * lost, (retx, lost)
