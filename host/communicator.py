@@ -39,8 +39,8 @@ from fpgaccl.proto.signature import Kind, Signature, program_digest, tag_value
 from . import algorithms as alg
 from .backends import Backend, open_backend
 from .backends.base import Pending, Program, ProgramRun, Segment
-from .buffers import UserBuffer, as_buffer, resolve_op
-from .executor import setup_chunks
+from .buffers import AVG, UserBuffer, as_buffer, resolve_op
+from .executor import average_into, setup_chunks
 
 ALGOS = {
     "allreduce": ("ring", "rhd", "rd", "tree"),
@@ -363,6 +363,19 @@ class Communicator:
         return original if not isinstance(original, np.ndarray) else ub.array.reshape(
             original.shape)
 
+    def _finisher(self, op: str, dt: np.dtype) -> tuple[str, Callable | None, tuple]:
+        """(the engine's op, the scaling that follows it or None, what the op adds to
+        the signature's algorithm): avg runs as sum and is scaled once per result
+        element (:data:`fpgaccl.proto.reduce.AVG`)."""
+        if op != AVG:
+            return op, None, ()
+        dtype, n = _dtype_of(dt), self.world_size
+
+        def scale(summed: np.ndarray, out: np.ndarray) -> None:
+            average_into(dtype, summed, n, out)
+
+        return "sum", scale, (AVG,)
+
     # ------------------------------------------------------------------ collectives
     def allreduce(self, sendbuf: Any, recvbuf: Any = None, op: str = "sum", *,
                   algo: str | None = None, async_op: bool = False, tag: Any = None) -> Any:
@@ -372,6 +385,7 @@ class Communicator:
             raise CountMismatchError("recvbuf", f"{r.array.size} elements, sendbuf has "
                                      f"{s.array.size}")
         ufunc = resolve_op(op, s.array.dtype)
+        op, scale, avg = self._finisher(op, s.array.dtype)
         nbytes = s.array.nbytes
         algo = self._algo("allreduce", algo, _allreduce_default(nbytes, self.world_size))
         result = self._out(r, sendbuf if inplace else recvbuf)
@@ -384,19 +398,25 @@ class Communicator:
                 if not inplace:
                     work[:] = sa
                 yield from alg.allreduce_tree(ctx, work, ufunc)
+                if scale is not None:
+                    scale(work, work)
 
             return self._schedule("allreduce", body, result, [s, r], async_op)
         gen = _ALLREDUCE_PROGRAMS[algo]
         prog = _library(gen, self.rank, self.world_size)
 
         def put_out(out: np.ndarray, lo: int, hi: int) -> None:
-            work[lo:hi] = out
+            if scale is None:
+                work[lo:hi] = out
+            else:
+                scale(out, work[lo:hi])
 
+        # A bound result skips put_out: avg's scaling needs it.
+        bind = nbytes > BIND_MIN_BYTES and scale is None
         return self._program("allreduce", prog, m=sa.size, blocks=1, dt=sa.dtype, op=op,
                              get_in=lambda lo, hi: sa[lo:hi], put_out=put_out, result=result,
-                             keep=[s, r], async_op=async_op,
-                             out=work if nbytes > BIND_MIN_BYTES else None,
-                             kind=Kind.ALLREDUCE, algo=("allreduce", algo), tag=tag)
+                             keep=[s, r], async_op=async_op, out=work if bind else None,
+                             kind=Kind.ALLREDUCE, algo=("allreduce", algo, *avg), tag=tag)
 
     def reduce(self, sendbuf: Any, recvbuf: Any = None, op: str = "sum", root: int = 0, *,
                algo: str | None = None, async_op: bool = False, tag: Any = None) -> Any:
@@ -414,6 +434,7 @@ class Communicator:
             raise CountMismatchError("recvbuf", f"{r.array.size} elements, sendbuf has "
                                      f"{s.array.size}")
         ufunc = resolve_op(op, s.array.dtype)
+        op, scale, avg = self._finisher(op, s.array.dtype)
         algo = self._algo("reduce", algo, "chain")
         sa = s.array
         result = self._out(r, sendbuf if inplace else recvbuf) if is_root else None
@@ -423,14 +444,19 @@ class Communicator:
             dest = r.array if is_root else None
 
             def put_out(out: np.ndarray, lo: int, hi: int) -> None:
-                if dest is not None:
+                if dest is None:
+                    return
+                if scale is None:
                     dest[lo:hi] = out
+                else:
+                    scale(out, dest[lo:hi])
 
             return self._program("reduce", prog, m=sa.size, blocks=1, dt=sa.dtype, op=op,
                                  get_in=lambda lo, hi: sa[lo:hi], put_out=put_out,
                                  result=result, keep=[s] + ([r] if r else []),
                                  async_op=async_op, kind=Kind.REDUCE, root=root,
-                                 algo=("reduce", algo, chain_segments(sa.nbytes)), tag=tag)
+                                 algo=("reduce", algo, chain_segments(sa.nbytes), *avg),
+                                 tag=tag)
         self._need_schedules("algo", "reduce algo='tree'")
 
         def body(ctx: alg.Ctx) -> Program:
@@ -441,6 +467,8 @@ class Communicator:
             else:
                 work = sa.copy()  # the tree reduces into it; the user's buffer stays intact
             yield from alg.reduce_tree(ctx, work, ufunc, root, 0)
+            if is_root and scale is not None:
+                scale(work, work)
 
         return self._schedule("reduce", body, result, [s] + ([r] if r else []), async_op)
 
@@ -500,19 +528,23 @@ class Communicator:
                                          f"sendbuf size / world_size = {n}")
             out = r.array
         resolve_op(op, s.array.dtype)
+        op, scale, avg = self._finisher(op, s.array.dtype)
         self._algo("reduce_scatter", algo, "ring")
         sa = s.array
         me = self.rank
 
         def put_out(res: np.ndarray, lo: int, hi: int) -> None:
             k = hi - lo
-            out[lo:hi] = res[me * k:(me + 1) * k]
+            if scale is None:
+                out[lo:hi] = res[me * k:(me + 1) * k]
+            else:
+                scale(res[me * k:(me + 1) * k], out[lo:hi])
 
         result = self._out(r, recvbuf) if recvbuf is not None else out
         return self._program("reduce_scatter", _library(lib.ring_reduce_scatter, me, p), m=n,
                              blocks=p, dt=sa.dtype, op=op, get_in=self._gather_in(sa, n, p, True),
                              put_out=put_out, result=result, keep=[s, r], async_op=async_op,
-                             kind=Kind.REDUCE_SCATTER, algo=("reduce_scatter", "ring"),
+                             kind=Kind.REDUCE_SCATTER, algo=("reduce_scatter", "ring", *avg),
                              tag=tag)
 
     def allgather(self, sendbuf: Any, recvbuf: Any = None, *, algo: str | None = None,

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from fpgaccl.host.buffers import DTYPES, INT_ONLY, OPS
+from fpgaccl.host.buffers import AVG, DTYPES, INT_ONLY, OPS
 
 FLOAT_RTOL = {"float16": 2e-2, "bfloat16": 1e-1, "float32": 1e-4, "float64": 1e-10}
 
@@ -29,6 +29,12 @@ def inputs(seed: int, world: int, count: int, dtype: str) -> list[np.ndarray]:
 
 def reference(xs: list[np.ndarray], op: str) -> np.ndarray:
     dt = xs[0].dtype
+    if op == AVG:
+        summed = reference(xs, "sum")
+        n = len(xs)
+        if dt.kind in "iu":  # the wrapped sum, divided toward zero (Python ints)
+            return np.array([v // n if v >= 0 else -(-v // n) for v in summed.tolist()], dt)
+        return summed / n
     if dt.kind == "f" or dt.name == "bfloat16":
         acc = xs[0].astype(np.float64)
         for x in xs[1:]:
@@ -48,7 +54,7 @@ def same(got: np.ndarray, want: np.ndarray, dtype: str) -> bool:
 
 
 def ops_for(dtype: str) -> list[str]:
-    return [o for o in OPS if o not in INT_ONLY or DTYPES[dtype].kind in "iu"]
+    return [o for o in (*OPS, AVG) if o not in INT_ONLY or DTYPES[dtype].kind in "iu"]
 
 
 def run_all(comm: Any, seed: int, big: bool = False) -> dict[str, Any]:

@@ -93,3 +93,25 @@ def test_fast_reduction_equals_the_reference(dtype: DType, op: ReduceOp, n: int)
     out = a.copy()
     reduce_into(dtype, op, out, b, out)  # aliasing, as RECV_REDUCE OUT = op(OUT, TMP)
     assert out.view(bits).tobytes() == np.asarray(want).view(bits).tobytes()
+
+
+@pytest.mark.parametrize("n", [3, 140_000], ids=["short", "blocks"])
+@pytest.mark.parametrize("dtype", list(DType), ids=[d.name for d in DType])
+def test_average_equals_the_reference(dtype: DType, n: int) -> None:
+    # op="avg"'s scaling on the host (reduce_into's fast PROD for floats), aliasing its
+    # input as the communicator's tree schedules make it, against proto's definition.
+    from fpgaccl.host.executor import average_into
+    from fpgaccl.proto.reduce import average_reference
+
+    rng = np.random.default_rng(int(dtype))
+    nt = dtype.numpy_dtype()
+    bits = np.dtype(f"uint{dtype.bits}")
+    x = rng.integers(0, 1 << dtype.bits, n, dtype=np.uint64).astype(bits).view(nt)
+    for world in (1, 3, 6):
+        want = average_reference(dtype, x, world)
+        out = np.empty_like(x)
+        average_into(dtype, x, world, out)
+        assert out.view(bits).tobytes() == np.asarray(want).view(bits).tobytes()
+        y = x.copy()
+        average_into(dtype, y, world, y)
+        assert y.view(bits).tobytes() == out.view(bits).tobytes()
