@@ -104,6 +104,10 @@ def _tag(tag: Any) -> int:
     raise InvalidArgumentError("tag", f"{tag!r} must be a str or an int in 0..2**32-1")
 
 
+def _discard(out: np.ndarray, lo: int, hi: int) -> None:
+    """put_out of a rank that gets no result (a gather's non-root)."""
+
+
 def chain_segments(nbytes: int) -> int:
     return max(4, min(64, nbytes // CHAIN_SEGMENT_BYTES))
 
@@ -621,6 +625,82 @@ class Communicator:
                              result=self._out(r, recvbuf if recvbuf is not None else sendbuf),
                              keep=[s, r], async_op=async_op, kind=Kind.ALLTOALL,
                              algo=("alltoall", "direct"), tag=tag)
+
+    def gather(self, sendbuf: Any, recvbuf: Any = None, root: int = 0, *,
+               async_op: bool = False, tag: Any = None) -> Any:
+        """Every rank's ``sendbuf`` (n elements) to ``root``, whose ``recvbuf`` (n x
+        world_size elements, rank i's at block i) it returns; other ranks return None
+        and need no ``recvbuf``."""
+        root = self._root(root)
+        self._check_open()
+        p, me = self.world_size, self.rank
+        s = as_buffer(sendbuf, "sendbuf")
+        n = s.array.size
+        r: UserBuffer | None = None
+        if me == root:
+            if recvbuf is None:
+                raise InvalidArgumentError("recvbuf", "the root of a gather needs a receive "
+                                           f"buffer of {n} x {p} elements")
+            r = as_buffer(recvbuf, "recvbuf", writable=True)
+            if r.array.dtype != s.array.dtype:
+                raise DtypeMismatchError("recvbuf", f"{r.array.dtype} differs from sendbuf's "
+                                         f"{s.array.dtype}")
+            if r.array.size != n * p:
+                raise CountMismatchError("recvbuf", f"{r.array.size} elements, expected "
+                                         f"{n} x {p}")
+        mine = s.array
+        region = self.impl.staging
+
+        def get_in(lo: int, hi: int) -> np.ndarray:
+            k = hi - lo  # only block `me` of IN is read
+            staged = region.view(Buf.IN, mine.dtype, p * k)
+            staged[me * k:(me + 1) * k] = mine[lo:hi]
+            return staged
+
+        put_out = self._scatter_out(r.array, n, p) if r is not None else _discard
+        return self._program("gather", _library(lib.gather, me, p, root), m=n, blocks=p,
+                             dt=mine.dtype, op=None, get_in=get_in, put_out=put_out,
+                             result=self._out(r, recvbuf) if r is not None else None,
+                             keep=[s] + ([r] if r is not None else []), async_op=async_op,
+                             kind=Kind.GATHER, root=root, algo=("gather", "direct"), tag=tag)
+
+    def scatter(self, sendbuf: Any, recvbuf: Any, root: int = 0, *, async_op: bool = False,
+                tag: Any = None) -> Any:
+        """Block i of the root's ``sendbuf`` (n x world_size elements) to rank i's
+        ``recvbuf`` (n elements), which every rank returns; ``sendbuf`` matters on the
+        root only (None elsewhere)."""
+        root = self._root(root)
+        self._check_open()
+        p, me = self.world_size, self.rank
+        r = as_buffer(recvbuf, "recvbuf", writable=True)
+        n = r.array.size
+        s: UserBuffer | None = None
+        if me == root:
+            s = as_buffer(sendbuf, "sendbuf")
+            if s.array.dtype != r.array.dtype:
+                raise DtypeMismatchError("recvbuf", f"{r.array.dtype} differs from sendbuf's "
+                                         f"{s.array.dtype}")
+            if s.array.size != n * p:
+                raise CountMismatchError("sendbuf", f"{s.array.size} elements, expected "
+                                         f"recvbuf's {n} x {p}")
+            get_in = self._gather_in(s.array, n, p, True)
+        else:
+            region, dt = self.impl.staging, r.array.dtype
+
+            def get_in(lo: int, hi: int) -> np.ndarray:
+                return region.view(Buf.IN, dt, p * (hi - lo))  # not read off the root
+
+        out = r.array
+
+        def put_out(res: np.ndarray, lo: int, hi: int) -> None:
+            k = hi - lo
+            out[lo:hi] = res[me * k:(me + 1) * k]
+
+        return self._program("scatter", _library(lib.scatter, me, p, root), m=n, blocks=p,
+                             dt=out.dtype, op=None, get_in=get_in, put_out=put_out,
+                             result=self._out(r, recvbuf), keep=[r] + ([s] if s else []),
+                             async_op=async_op, kind=Kind.SCATTER, root=root,
+                             algo=("scatter", "direct"), tag=tag)
 
     def alltoallv(self, sendbuf: Any, sendcounts: Sequence[int], recvbuf: Any,
                   recvcounts: Sequence[int], sdispls: Sequence[int] | None = None,

@@ -9,6 +9,8 @@ Buffer conventions (``nchunks`` set by SETUP):
 * reduce_scatter: rank r's result is OUT chunk r (of ``world`` chunks).
 * allgather: rank r's contribution is IN chunk r; every rank ends with all of OUT.
 * alltoall: IN chunk j goes to rank j; OUT chunk j came from rank j.
+* gather: rank r's contribution is IN chunk r (of ``world``); the root's OUT ends with
+  all of them. scatter: the root's IN chunk j goes to rank j's OUT chunk j.
 """
 
 from __future__ import annotations
@@ -308,6 +310,25 @@ def alltoall(rank: int, world: int) -> list[Instr]:
     return [*prog, DONE]
 
 
+def gather(rank: int, world: int, root: int = 0) -> list[Instr]:
+    """Every rank's chunk straight to the root, one message each (step 0: each peer
+    sends the root one message, and tags are per peer)."""
+    if rank == root:
+        others = [(root + k) % world for k in range(1, world)]
+        return (_setup(world, chunk=root, count=1) + [_grant(p, 0) for p in others]
+                + [_recv(p, p, 0) for p in others] + [DONE])
+    return [*_setup(world, copy=False), _send(root, rank, 0, OUT, src=IN), DONE]
+
+
+def scatter(rank: int, world: int, root: int = 0) -> list[Instr]:
+    """The root sends chunk j of its IN to rank j, in rank order after itself."""
+    if rank == root:
+        others = [(root + k) % world for k in range(1, world)]
+        return (_setup(world, chunk=root, count=1)
+                + [_send(p, p, 0, OUT, src=IN) for p in others] + [DONE])
+    return [*_setup(world, copy=False), _grant(root, 0), _recv(root, rank, 0), DONE]
+
+
 def hierarchical_allreduce(rank: int, world: int, rows: int) -> list[Instr]:
     """2D allreduce on a ``rows`` x ``world/rows`` grid, added purely as a program:
     ring reduce-scatter along the row, ring allreduce of the owned block down the column
@@ -344,5 +365,7 @@ LIBRARY = {
     "chain_broadcast": chain_broadcast,
     "chain_reduce": chain_reduce,
     "alltoall": alltoall,
+    "gather": gather,
+    "scatter": scatter,
     "hierarchical_allreduce": hierarchical_allreduce,
 }

@@ -130,6 +130,16 @@ def run_all(comm: Any, seed: int, big: bool = False) -> dict[str, Any]:
             res = comm.alltoall(a2a[r], np.empty_like(a2a[r]))
         if not np.array_equal(np.asarray(res).view(np.uint8), want.view(np.uint8)):
             fails.append(f"rank {r} alltoall {dtype}")
+        # gather to and scatter from root (every rank's result is checked on its own)
+        got = comm.gather(xs[r], np.empty(count * p, xs[r].dtype) if r == root else None,
+                          root=root)
+        if (r == root) != (got is not None) or (
+                r == root and got.view(np.uint8).tobytes() != full.view(np.uint8).tobytes()):
+            fails.append(f"rank {r} gather {dtype} root={root}")
+        part = np.empty(count, xs[r].dtype)
+        got = comm.scatter(full if r == root else None, part, root=root)
+        if got.view(np.uint8).tobytes() != xs[r].view(np.uint8).tobytes():
+            fails.append(f"rank {r} scatter {dtype} root={root}")
         # alltoallv: rank i sends (i + j + k) % 4 elements to rank j
         cnt = [[(i + j + k) % 4 for j in range(p)] for i in range(p)]
         srcs = inputs(seed + 7000 + k, p, 4 * p, dtype)

@@ -150,6 +150,23 @@ def test_alltoall(world):
             np.testing.assert_array_equal(o, want)
 
 
+@pytest.mark.parametrize("world", WORLDS)
+@pytest.mark.parametrize("root", [0, 2])
+@pytest.mark.parametrize("n", [1, 4, 23])
+def test_gather_and_scatter(world, root, n):
+    root %= world
+    n *= world
+    xs = _inputs(world, n, seed=world * 7 + root + n)
+    cs = n // world
+    for seed in SEEDS:
+        outs = _run([P.gather(r, world, root) for r in range(world)], xs, seed=seed)
+        want = np.concatenate([xs[r][r * cs:(r + 1) * cs] for r in range(world)])
+        np.testing.assert_array_equal(outs[root], want)
+        outs = _run([P.scatter(r, world, root) for r in range(world)], xs, seed=seed)
+        for r, o in enumerate(outs):
+            np.testing.assert_array_equal(o[r * cs:(r + 1) * cs], xs[root][r * cs:(r + 1) * cs])
+
+
 @pytest.mark.parametrize("world,rows", [(4, 2), (6, 2), (6, 3), (8, 2), (8, 4)])
 def test_hierarchical_allreduce_is_just_a_program(world, rows):
     xs = _inputs(world, 45, seed=world * rows)
