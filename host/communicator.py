@@ -5,9 +5,10 @@ argument), picks a sequencer program from :mod:`fpgaccl.proto.programs` -- the v
 programs the HDL sequencer runs --, cuts the vector into segments the engine's region
 holds and numbers them, and hands that to the rank's backend
 (:mod:`fpgaccl.host.backends`): the software engine, a simulated HDL node or a board.
-What the library has no program for (alltoallv, send/recv, barrier, and the ``tree``
-algorithms) runs as a host schedule from :mod:`fpgaccl.host.algorithms` on a backend
-that has them. Synchronous calls wait; with ``async_op=True`` they return a
+What the library has no program for (send/recv, the ``tree`` algorithms and
+alltoallv's ``direct`` one) runs as a host schedule from :mod:`fpgaccl.host.algorithms`
+on a backend that has them; alltoallv's ``padded`` algorithm is made of library
+programs and runs on every backend. Synchronous calls wait; with ``async_op=True`` they return a
 :class:`Handle`.
 """
 
@@ -38,7 +39,7 @@ from fpgaccl.proto.signature import Kind, Signature, program_digest, tag_value
 
 from . import algorithms as alg
 from .backends import Backend, open_backend
-from .backends.base import Pending, Program, ProgramRun, Segment
+from .backends.base import Finished, Pending, Program, ProgramRun, Segment
 from .buffers import AVG, UserBuffer, as_buffer, resolve_op
 from .executor import average_into, setup_chunks
 
@@ -49,7 +50,7 @@ ALGOS = {
     "reduce_scatter": ("ring",),
     "allgather": ("ring",),
     "alltoall": ("direct",),
-    "alltoallv": ("direct",),
+    "alltoallv": ("direct", "padded"),
 }
 RD_MAX_BYTES = 256 << 10
 """allreduce: recursive doubling up to here (fewest steps: a step costs far more than its
@@ -706,7 +707,13 @@ class Communicator:
                   recvcounts: Sequence[int], sdispls: Sequence[int] | None = None,
                   rdispls: Sequence[int] | None = None, *, algo: str | None = None,
                   async_op: bool = False) -> Any:
-        """Per-peer counts (elements), e.g. MoE token dispatch and combine."""
+        """Per-peer counts (elements), e.g. MoE token dispatch and combine.
+
+        ``algo``: ``"direct"`` (the default where the backend runs host schedules: each
+        block goes as its own message, no padding) or ``"padded"`` (the default on the
+        sim and board backends, and what a world mixing backends must ask for on every
+        rank): a one-element allreduce (max) agrees on the largest block, then the
+        library's alltoall program moves every block padded to it."""
         self._check_open()
         s = as_buffer(sendbuf, "sendbuf")
         sc = self._counts(sendcounts, "sendcounts")
@@ -721,8 +728,35 @@ class Communicator:
             raise CountMismatchError("sendcounts", f"exceed sendbuf's {s.array.size} elements")
         if recvbuf is None:
             raise InvalidArgumentError("recvbuf", "alltoallv needs a separate receive buffer")
-        self._need_schedules("sendcounts", "alltoallv")
+        default = "direct" if self.impl.host_schedules else "padded"
+        if self._algo("alltoallv", algo, default) == "padded":
+            return self._alltoallv_padded(s, recvbuf, sc, sd, rc, rd, async_op)
+        self._need_schedules("algo", "alltoallv algo='direct'")
         return self._alltoallv("alltoallv", s, recvbuf, sc, sd, rc, rd, algo, async_op, recvbuf)
+
+    def _alltoallv_padded(self, s: UserBuffer, recvbuf: Any, sc: list[int], sd: list[int],
+                          rc: list[int], rd: list[int], async_op: bool) -> Any:
+        r = as_buffer(recvbuf, "recvbuf", writable=True)
+        if r.array.dtype != s.array.dtype:
+            raise DtypeMismatchError("recvbuf", f"{r.array.dtype} differs from sendbuf's "
+                                     f"{s.array.dtype}")
+        if max(d + c for d, c in zip(rd, rc, strict=True)) > r.array.size:
+            raise CountMismatchError("recvcounts", f"{r.array.size} elements cannot hold "
+                                     "the blocks")
+        p, sa, ra = self.world_size, s.array, r.array
+        most = np.array([max(*sc, *rc)], np.int64)
+        self.allreduce(most, op="max")
+        blk = int(most[0])
+        if blk:
+            send = np.zeros(p * blk, sa.dtype)
+            for j in range(p):
+                send[j * blk:j * blk + sc[j]] = sa[sd[j]:sd[j] + sc[j]]
+            got = self.alltoall(send, np.empty_like(send))
+            for i in range(p):
+                ra[rd[i]:rd[i] + rc[i]] = got[i * blk:i * blk + rc[i]]
+        # Done before it returns (the programs above waited): async_op gets a finished handle.
+        return self._handle(Finished("alltoallv", self.deadline_s), self._out(r, recvbuf), [r],
+                            async_op)
 
     def _counts(self, counts: Sequence[int], name: str) -> list[int]:
         try:
@@ -802,10 +836,17 @@ class Communicator:
                              kind=Kind.PROGRAM, tag=tag)
 
     def barrier(self, *, async_op: bool = False) -> Any:
-        """Returns once every rank has entered."""
+        """Returns once every rank has entered: the library's dissemination program
+        (:func:`fpgaccl.proto.programs.barrier`) on every backend, so worlds that mix
+        backends share it too."""
         self._check_open()
-        return self._handle(self.impl.barrier(self._next_coll(), self.deadline_s), None, [],
-                            async_op)
+        n = lib.barrier_elements(self.world_size)
+        token = np.zeros(n, np.uint8)   # the values do not matter
+        return self._program("barrier", _library(lib.barrier, self.rank, self.world_size),
+                             m=n, blocks=1, dt=token.dtype, op=None,
+                             get_in=lambda lo, hi: token[lo:hi], put_out=_discard, result=None,
+                             keep=[], async_op=async_op, kind=Kind.BARRIER,
+                             algo=("barrier", "dissemination"))
 
     # ------------------------------------------------------------------ point to point
     def _peer(self, peer: int, name: str) -> int:
@@ -816,22 +857,58 @@ class Communicator:
         return int(peer)
 
     def send(self, buf: Any, dst: int, *, async_op: bool = False) -> Any:
-        self._need_schedules("dst", "send")
+        """``buf`` to rank ``dst``'s matching :meth:`recv` (same element count and dtype).
+
+        On the software backend a send is buffered by the receiver's ring and may
+        complete first; on the sim and board backends it is the ``p2p_send`` program,
+        which waits for the receiver's grant: it completes only once ``dst`` receives
+        (order exchanges so that one side receives first)."""
         self._check_open()
         dst = self._peer(dst, "dst")
         b = as_buffer(buf, "buf")
         seq = self._p2p_next(self._p2p_send, dst)
+        if not self.impl.host_schedules:
+            return self._p2p_program("send", lib.p2p_send, dst, seq, b, None, async_op)
         job = self.impl.send(dst, seq, b.array, self.deadline_s)
         return self._handle(job, None, [b], async_op)
 
     def recv(self, buf: Any, src: int, *, async_op: bool = False) -> Any:
-        self._need_schedules("src", "recv")
+        """Rank ``src``'s matching :meth:`send` into ``buf``."""
         self._check_open()
         src = self._peer(src, "src")
         b = as_buffer(buf, "buf", writable=True)
         seq = self._p2p_next(self._p2p_recv, src)
+        if not self.impl.host_schedules:
+            return self._p2p_program("recv", lib.p2p_recv, src, seq, b, self._out(b, buf),
+                                     async_op)
         job = self.impl.recv(src, seq, b.array, self.deadline_s)
         return self._handle(job, self._out(b, buf), [b], async_op)
+
+    def _p2p_program(self, name: str, gen: Any, peer: int, seq: int, b: UserBuffer,
+                     result: Any, async_op: bool) -> Any:
+        """send/recv as a two-rank program, in segments the region holds. The ranks
+        not involved run nothing, so the world's coll_id sequence is left alone: the
+        segments are numbered from the pair's own sequence (the HDL matches a peer's
+        messages by order, not by coll_id)."""
+        arr = b.array
+        m = arr.size
+        seg = self._segment_elements(1, arr.dtype)
+        sending = name == "send"
+        segments = [Segment(((seq << 6) + k) & 0xFFFF, lo, min(m, lo + seg), min(m, lo + seg) - lo)
+                    for k, lo in enumerate(range(0, m, seg))]
+
+        def get_in(lo: int, hi: int) -> np.ndarray:
+            return arr[lo:hi] if sending else self.impl.staging.view(Buf.IN, arr.dtype, hi - lo)
+
+        def put_out(out: np.ndarray, lo: int, hi: int) -> None:
+            if not sending:
+                arr[lo:hi] = out
+
+        lo_rank, hi_rank = sorted((self.rank, peer))
+        run = ProgramRun(name, _library(gen, self.rank, self.world_size, peer),
+                         _dtype_of(arr.dtype), arr.dtype, ReduceOp.SUM, segments, get_in,
+                         put_out, peers=(lo_rank, hi_rank))
+        return self._handle(self.impl.run(run, self.deadline_s), result, [b], async_op)
 
     def _p2p_next(self, counters: list[int], peer: int) -> int:
         # One counter per direction and peer: sends to j pair with j's receives from us.

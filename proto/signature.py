@@ -66,6 +66,7 @@ class Kind(IntEnum):
     PROGRAM = 7
     GATHER = 8
     SCATTER = 9
+    BARRIER = 10
 
 
 def program_digest(name: str, *params: object) -> int:

@@ -60,6 +60,8 @@ class ProgramRun:
     signature: Signature | None = None
     """What every rank must agree on (:mod:`fpgaccl.proto.signature`); a backend that
     can checks its peers' before a byte moves."""
+    peers: tuple[int, ...] | None = None
+    """The ranks that run this program (send/recv: the two ends); None: every rank."""
 
 
 class Pending(Protocol):

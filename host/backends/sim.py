@@ -174,8 +174,14 @@ class ClusterPort:
     def execute(self, name: str, coll_id: int, writes: Writes, inbuf: bytes,
                 out_bytes: int, signature: dict[str, Any], deadline_s: float
                 ) -> tuple[bytes, int]:
+        if signature.get("group") is not None and self.sim_ranks is not None:
+            raise UnsupportedError("dst" if name == "send" else "src", "send/recv in a "
+                                   "world that mixes backends: the software ranks' are "
+                                   "host schedules, the simulated nodes' programs")
+        # Two-rank programs (send/recv) start at once, outside the world's sequence.
+        seq = None if signature.get("group") is not None else self._next_seq()
         head, out = self._call(
-            {"op": "collective", "seq": self._next_seq(), "coll_id": coll_id & 0xFFFF,
+            {"op": "collective", "seq": seq, "coll_id": coll_id & 0xFFFF,
              **signature, "writes": writes, "out_bytes": out_bytes},
             inbuf, name, deadline_s)
         return out, int(head["cycles"])

@@ -55,6 +55,21 @@ SCRIPT = textwrap.dedent("""
                                   root=3)
     res["scatter_i"] = comm.scatter(xi if r == 0 else None, np.empty(n // p, np.int32), root=0)
     res["avg_f"] = comm.allreduce(xf, np.empty_like(xf), op="avg")
+    # send/recv around the ring; on the HDL a send waits for its receiver, so odd ranks
+    # receive first
+    got = np.empty(500, np.int32)
+    if r % 2 == 0:
+        comm.send(xi[:500], (r + 1) % p)
+        comm.recv(got, (r - 1) % p)
+    else:
+        comm.recv(got, (r - 1) % p)
+        comm.send(xi[:500], (r + 1) % p)
+    res["sendrecv_i"] = got
+    # MoE-style uneven blocks: rank i sends (i + 2 j) % 5 * 7 elements to rank j
+    cnt = [[(i + 2 * j) % 5 * 7 for j in range(p)] for i in range(p)]
+    recvcounts = [cnt[i][r] for i in range(p)]
+    res["alltoallv_i"] = comm.alltoallv(xi[:sum(cnt[r])], cnt[r],
+                                        np.empty(sum(recvcounts), np.int32), recvcounts)
     res["reduce_scatter_avg_i"] = comm.reduce_scatter(xi, np.empty(n // p, np.int32), op="avg")
     for dt in (np.uint16, np.uint32, np.uint64):
         x = rng.integers(0, np.iinfo(dt).max, 40, dtype=dt, endpoint=True)  # sums wrap
@@ -131,6 +146,10 @@ def test_same_script_on_sim_and_software(cluster, tmp_path):
         else:
             assert "gather_i" not in s
         assert s["scatter_i"].tobytes() == xi[0][r * m:(r + 1) * m].tobytes()
+        assert s["sendrecv_i"].tobytes() == xi[(r - 1) % p][:500].tobytes()
+        cnt = [[(i + 2 * j) % 5 * 7 for j in range(p)] for i in range(p)]
+        want = np.concatenate([xi[i][sum(cnt[i][:r]):sum(cnt[i][:r + 1])] for i in range(p)])
+        assert s["alltoallv_i"].tobytes() == want.tobytes()
         want = total[r * m:(r + 1) * m]
         assert s["reduce_scatter_avg_i"].tolist() == [
             v // p if v >= 0 else -(-v // p) for v in want.tolist()]

@@ -200,3 +200,20 @@ def test_deadlock_is_reported():
     prog = [P.Instr(SeqOp.SETUP, step=1), P.Instr(SeqOp.RECV, peer=1, step=0), P.DONE]
     with pytest.raises(ProgramError, match="deadlock"):
         _run([prog, prog], _inputs(2, 4))
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4, 5, 7, 8, 9, 16])
+def test_barrier_waits_for_every_rank(world):
+    """Every rank gets through a barrier all ranks enter; where one rank never enters
+    (its program ends at once), no other rank gets through."""
+    n = P.barrier_elements(world)
+    xs = _inputs(world, n, seed=world)
+    for seed in SEEDS:
+        _run([P.barrier(r, world) for r in range(world)], xs, seed=seed)
+    for late in range(world if world > 1 else 0):
+        progs = [P.barrier(k, world) for k in range(world)]
+        progs[late] = [P.Instr(SeqOp.SETUP, step=1), P.DONE]
+        model = SequencerModel(progs, xs, DType.INT32, ReduceOp.SUM, seed=late)
+        with pytest.raises(ProgramError, match="deadlock"):
+            model.run()
+        assert not any(r.done for k, r in enumerate(model.ranks) if k != late)
