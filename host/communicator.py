@@ -868,6 +868,7 @@ class Communicator:
         b = as_buffer(buf, "buf")
         seq = self._p2p_next(self._p2p_send, dst)
         if not self.impl.host_schedules:
+            self._need_p2p_programs("dst")
             return self._p2p_program("send", lib.p2p_send, dst, seq, b, None, async_op)
         job = self.impl.send(dst, seq, b.array, self.deadline_s)
         return self._handle(job, None, [b], async_op)
@@ -879,10 +880,16 @@ class Communicator:
         b = as_buffer(buf, "buf", writable=True)
         seq = self._p2p_next(self._p2p_recv, src)
         if not self.impl.host_schedules:
+            self._need_p2p_programs("src")
             return self._p2p_program("recv", lib.p2p_recv, src, seq, b, self._out(b, buf),
                                      async_op)
         job = self.impl.recv(src, seq, b.array, self.deadline_s)
         return self._handle(job, self._out(b, buf), [b], async_op)
+
+    def _need_p2p_programs(self, argument: str) -> None:
+        if not getattr(self.impl, "p2p_programs", False):
+            raise UnsupportedError(argument, f"the {self.backend} backend runs neither host "
+                                   "schedules nor programs of two ranks (send/recv)")
 
     def _p2p_program(self, name: str, gen: Any, peer: int, seq: int, b: UserBuffer,
                      result: Any, async_op: bool) -> Any:

@@ -352,13 +352,16 @@ def barrier(rank: int, world: int) -> list[Instr]:
     return [*prog, DONE]
 
 
-def p2p_send(rank: int, world: int, dst: int) -> list[Instr]:
-    """send: all of IN to ``dst``'s OUT, once ``dst`` has granted it (its p2p_recv)."""
+def p2p_send(rank: int, world: int, dst: int | None = None) -> list[Instr]:
+    """send: all of IN to ``dst``'s OUT (default: the next rank), once ``dst`` has
+    granted it (its p2p_recv)."""
+    dst = (rank + 1) % world if dst is None else dst
     return [*_setup(1, copy=False), _send(dst, 0, 0, OUT, src=IN), DONE]
 
 
-def p2p_recv(rank: int, world: int, src: int) -> list[Instr]:
-    """recv: grant ``src`` and wait for its message in OUT."""
+def p2p_recv(rank: int, world: int, src: int | None = None) -> list[Instr]:
+    """recv: grant ``src`` (default: the previous rank) and wait for its message in OUT."""
+    src = (rank - 1) % world if src is None else src
     return [*_setup(1, copy=False), _grant(src, 0), _recv(src, 0, 0), DONE]
 
 

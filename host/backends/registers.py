@@ -73,6 +73,7 @@ class RegisterBackend:
     """A :class:`~fpgaccl.host.backends.base.Backend` over a :class:`NodePort`."""
 
     host_schedules = False
+    p2p_programs = True
 
     def __init__(self, name: str, rank: int, world_size: int, port: NodePort, *,
                  barrier_at_close: bool) -> None:

@@ -13,8 +13,11 @@ segment (``stage_bytes``, 1 MiB here, less the chunk padding), and for any size 
 software communicator is given the same ``stage_bytes``.
 
 Limits: world_size <= 4 (the standard cluster), programs up to the engine's 256
-instruction-memory words, and only calls with a library program; host schedules
-(``tree`` algorithms, alltoallv, send/recv) raise UnsupportedError. IN and OUT travel
+instruction-memory words, and only calls with a library program: host schedules (the
+``tree`` algorithms, alltoallv's ``direct``) raise UnsupportedError. alltoallv runs as
+``padded`` (the alltoall program), barrier as its program, send/recv as the two-rank
+``p2p_send``/``p2p_recv`` programs, which the server starts as each end asks (a send
+completes once its receiver's program runs). IN and OUT travel
 through the memory backdoor one 64-bit word per clock, driven from Python (roughly
 10-30k words per wall second): keep simulated collectives to a few thousand elements
 per call. Async calls complete before they return.
@@ -28,9 +31,9 @@ loopback address the rank would have bound on the software backend), port 4791, 
 programs the node from the table and bridges the switch ports of the software ranks to
 their UDP sockets (:mod:`fpgaccl.sim.bridge`). Both backends cut the same segments
 (``stage_bytes``: the smallest advertised) with the same ``coll_id`` numbers, so a
-collective spans both. Only library programs cross: barrier, send/recv and the host
-schedules (``tree``, alltoallv) have none, and raise UnsupportedError on the simulated
-ranks (a one-element allreduce synchronises a mixed world).
+collective spans both. Only library programs cross (barrier is one; alltoallv must be
+``algo="padded"`` on every rank); send/recv and the host schedules (``tree``) raise
+UnsupportedError on the simulated ranks.
 
 Requests (frames of :mod:`fpgaccl.proto.framing`): ``hello {node, world}``,
 ``collective {seq, coll_id, name, count, dtype, writes, out_bytes}`` + IN bytes,

@@ -137,6 +137,11 @@ def cases():
         yield "alltoall", world, lambda r, w=world: P.alltoall(r, w)
         yield "gather", world, lambda r, w=world: P.gather(r, w, w - 1)
         yield "scatter", world, lambda r, w=world: P.scatter(r, w, w // 2)
+        yield "barrier", world, lambda r, w=world: P.barrier(r, w)
+        if world > 1:   # a pair: the others run an empty program
+            yield "p2p", world, lambda r, w=world: (
+                P.p2p_send(r, w, w - 1) if r == 0 else P.p2p_recv(r, w, 0) if r == w - 1
+                else [P.Instr(SeqOp.SETUP, step=1), P.DONE])
         if world % 2 == 0 and world > 2:
             yield "hierarchical_allreduce", world, \
                 lambda r, w=world: P.hierarchical_allreduce(r, w, 2)

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from fpgaccl.host.executor import reduce_into
+from fpgaccl.proto.isa import Instr, SeqOp
 from fpgaccl.proto.programs import LIBRARY
 from fpgaccl.proto.reduce import SUPPORTED, DType, ReduceOp, reduce_reference
 from fpgaccl.sim.models.sequencer import SequencerModel
@@ -21,7 +22,17 @@ CASES = (("float32", "sum"), ("float16", "prod"), ("bfloat16", "min"), ("int32",
          ("float64", "max"))
 
 
+# send/recv run as a pair: rank 0 sends to the last rank, the others run nothing.
+NAMES = [n for n in LIBRARY if not n.startswith("p2p_")] + ["p2p"]
+
+
 def _program(name: str, rank: int, world: int) -> list:
+    if name == "p2p":
+        if world > 1 and rank == 0:
+            return LIBRARY["p2p_send"](rank, world, world - 1)
+        if world > 1 and rank == world - 1:
+            return LIBRARY["p2p_recv"](rank, world, 0)
+        return [Instr(SeqOp.SETUP, step=1), Instr(SeqOp.DONE)]
     gen = LIBRARY[name]
     if name in ("chain_broadcast", "chain_reduce", "gather", "scatter"):
         return gen(rank, world, root=1 % world)
@@ -49,7 +60,8 @@ def _defined(name: str, rank: int, world: int, got: np.ndarray, want: np.ndarray
     """The parts of OUT a program defines: gather fills the root's alone, scatter chunk
     r of rank r (the rest is whatever the engine's memory held)."""
     root = 1 % world
-    if name == "gather" and rank != root:
+    if (name == "gather" and rank != root) or (name == "p2p" and rank != world - 1) or (
+            name in ("barrier", "p2p") and world == 1):
         return got[:0], want[:0]
     if name == "scatter":
         cs = -(-len(got) // world)
@@ -59,7 +71,7 @@ def _defined(name: str, rank: int, world: int, got: np.ndarray, want: np.ndarray
 
 def _rank_runs(comm) -> dict:
     out = {}
-    for name in LIBRARY:
+    for name in NAMES:
         for k, (dtype, op) in enumerate(CASES):
             count = _count(name, comm.world_size, k)
             xs = _inputs(comm.world_size, count, dtype, zlib.crc32(f"{name}{k}".encode()))
@@ -71,7 +83,7 @@ def _rank_runs(comm) -> dict:
 @pytest.mark.parametrize("world", WORLDS)
 def test_software_backend_equals_sequencer_model(world: int) -> None:
     res = all_ok(run_world(world, _rank_runs, timeout=180))
-    for name in LIBRARY:
+    for name in NAMES:
         for k, (dtype, op) in enumerate(CASES):
             count = _count(name, world, k)
             xs = _inputs(world, count, dtype, zlib.crc32(f"{name}{k}".encode()))
