@@ -61,7 +61,9 @@ def sizes(begin: int, end: int, factor: int) -> list[int]:
 def machine() -> dict[str, Any]:
     out = {"node": platform.node(), "system": platform.system(), "release": platform.release(),
            "machine": platform.machine(), "cpus": os.cpu_count(),
-           "python": platform.python_version()}
+           "python": platform.python_version(),
+           # Other work on the machine shifts every time: say how much there was.
+           "loadavg": [round(x, 2) for x in os.getloadavg()]}
     # The UDP socket buffers the kernel grants bound the software engine's send window.
     for key in ("rmem_max", "wmem_max"):
         with contextlib.suppress(OSError, ValueError):
