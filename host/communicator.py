@@ -384,7 +384,11 @@ class Communicator:
     # ------------------------------------------------------------------ collectives
     def allreduce(self, sendbuf: Any, recvbuf: Any = None, op: str = "sum", *,
                   algo: str | None = None, async_op: bool = False, tag: Any = None) -> Any:
-        """Reduce across ranks; every rank receives identical bytes."""
+        """Reduce across ranks; every rank receives identical bytes. ``op``: sum, prod,
+        min, max, band/bor/bxor (integers), or avg (a sum, then each element scaled once
+        as :func:`fpgaccl.proto.reduce.average_reference` defines: floats times 1/n
+        rounded to the dtype, integers divided toward zero); reduce and reduce_scatter
+        take the same."""
         s, r, inplace = self._pair(sendbuf, recvbuf)
         if r.array.size != s.array.size:
             raise CountMismatchError("recvbuf", f"{r.array.size} elements, sendbuf has "
@@ -841,7 +845,7 @@ class Communicator:
         backends share it too."""
         self._check_open()
         n = lib.barrier_elements(self.world_size)
-        token = np.zeros(n, np.uint8)   # the values do not matter
+        token = np.zeros(n, np.uint64)   # values do not matter; whole 64-bit words
         return self._program("barrier", _library(lib.barrier, self.rank, self.world_size),
                              m=n, blocks=1, dt=token.dtype, op=None,
                              get_in=lambda lo, hi: token[lo:hi], put_out=_discard, result=None,
