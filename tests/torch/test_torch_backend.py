@@ -246,7 +246,7 @@ def test_groups_and_typed_errors(world) -> None:
         assert torch.equal(res[r]["new_group_world"], torch.full((3,), float(sum(range(p)))))
         assert res[r]["tag"] == ("UnsupportedError", "tag")
         assert res[r]["bool"] == ("UnsupportedError", "tensors")
-        assert res[r]["uint16"] == ("UnsupportedError", "tensors")
+        assert res[r]["float8"] == ("UnsupportedError", "tensors")
         assert res[r]["coalesced"] == ("UnsupportedError", "input_tensor_list")
     # new_group([0]): rank 0 is the member that would need a sub-communicator
     assert res[0]["new_group_subset"] == ("UnsupportedError", "ranks")

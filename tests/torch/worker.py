@@ -179,7 +179,7 @@ def collectives(rank: int, p: int) -> dict[str, Any]:
     out["new_group_subset"] = _error(lambda: dist.new_group([0]))
     out["tag"] = _error(lambda: dist.send(torch.ones(1), (rank + 1) % p, tag=7))
     out["bool"] = _error(lambda: dist.all_reduce(torch.ones(2, dtype=torch.bool)))
-    out["uint16"] = _error(lambda: dist.broadcast(torch.ones(2, dtype=torch.uint16), 0))
+    out["float8"] = _error(lambda: dist.broadcast(torch.ones(2, dtype=torch.float8_e5m2), 0))
     out["coalesced"] = _error(lambda: dist.all_gather_coalesced([[torch.ones(2)] * p],
                                                                 [torch.ones(2)]))
     dist.barrier()
