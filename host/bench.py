@@ -27,16 +27,18 @@ import numpy as np
 from .buffers import DTYPES, INT_ONLY, OPS
 
 COLLECTIVES = ("allreduce", "reduce", "broadcast", "reduce_scatter", "allgather", "alltoall",
-               "sendrecv")
+               "alltoallv", "gather", "scatter", "barrier", "sendrecv")
+_BLOCKED = ("reduce_scatter", "allgather", "alltoall", "alltoallv", "gather", "scatter")
+"""Collectives sized, as nccl-tests does, by the whole buffer of world_size blocks."""
 REPO = Path(__file__).resolve().parent.parent
 
 
 def busbw_factor(coll: str, n: int) -> float:
     if coll == "allreduce":
         return 2 * (n - 1) / n if n > 1 else 0.0
-    if coll in ("reduce_scatter", "allgather", "alltoall"):
+    if coll in _BLOCKED:
         return (n - 1) / n if n > 1 else 0.0
-    return 1.0
+    return 0.0 if coll == "barrier" else 1.0
 
 
 def parse_size(text: str) -> int:
@@ -59,7 +61,9 @@ def sizes(begin: int, end: int, factor: int) -> list[int]:
 def machine() -> dict[str, Any]:
     out = {"node": platform.node(), "system": platform.system(), "release": platform.release(),
            "machine": platform.machine(), "cpus": os.cpu_count(),
-           "python": platform.python_version()}
+           "python": platform.python_version(),
+           # Other work on the machine shifts every time: say how much there was.
+           "loadavg": [round(x, 2) for x in os.getloadavg()]}
     # The UDP socket buffers the kernel grants bound the software engine's send window.
     for key in ("rmem_max", "wmem_max"):
         with contextlib.suppress(OSError, ValueError):
@@ -127,8 +131,10 @@ class _Case:
         dt = self.dt = DTYPES[args.datatype]
         coll = args.collective
         per = max(1, nbytes // dt.itemsize)
-        if coll in ("reduce_scatter", "allgather", "alltoall"):
+        if coll in _BLOCKED:
             per = max(p, per - per % p)  # nccl-tests sizes these by the whole buffer
+        if coll == "barrier":
+            per = 0
         self.count = per
         self.nbytes = per * dt.itemsize
         ufunc = OPS[args.op]
@@ -152,6 +158,22 @@ class _Case:
             self.mine = ins[r][r * n:(r + 1) * n]
         elif coll == "alltoall":
             self.expect = np.concatenate([x[r * n:(r + 1) * n] for x in ins])
+        elif coll == "alltoallv":
+            # Uneven blocks (MoE-like): rank i sends rank j (1 + (i + j) % p) * n/p of
+            # the n elements of its block j, from its start.
+            self.counts = [[(1 + (i + j) % p) * n // p for j in range(p)] for i in range(p)]
+            self.expect = np.concatenate([x[r * n:r * n + self.counts[i][r]]
+                                          for i, x in enumerate(ins)])
+            self.vsend = np.concatenate([ins[r][j * n:j * n + self.counts[r][j]]
+                                         for j in range(p)])
+        elif coll == "gather":
+            self.expect = (np.concatenate([x[k * n:(k + 1) * n] for k, x in enumerate(ins)])
+                           if r == args.root else None)
+            self.mine = ins[r][r * n:(r + 1) * n]
+        elif coll == "scatter":
+            self.expect = ins[args.root][r * n:(r + 1) * n]
+        elif coll == "barrier":
+            self.expect = None
         elif coll == "sendrecv":
             self.expect = ins[(r - 1) % p]
         self.n = n
@@ -177,6 +199,19 @@ class _Case:
             return c.allgather(self.work[:self.n], self.recv, **kw)
         if coll == "alltoall":
             return c.alltoall(self.work, None if inplace else self.recv, **kw)
+        # No in-place forms below: both columns time the same call.
+        if coll == "alltoallv":
+            p, r = self.p, self.r
+            rc = [self.counts[i][r] for i in range(p)]
+            return c.alltoallv(self.vsend, self.counts[r], self.recv, rc, **kw)
+        if coll == "gather":
+            root = self.args.root
+            return c.gather(self.work[:self.n], self.recv if self.r == root else None, root)
+        if coll == "scatter":
+            return c.scatter(self.work, self.recv, self.args.root)
+        if coll == "barrier":
+            c.barrier()
+            return None
         if coll == "sendrecv":
             p, r = self.p, self.r
             h = c.send(self.work, (r + 1) % p, async_op=True)
@@ -192,6 +227,8 @@ class _Case:
                 self.work[self.r * self.n:(self.r + 1) * self.n] = self.mine
             else:
                 self.work[:self.n] = self.mine
+        elif coll == "gather":
+            self.work[:self.n] = self.mine
         elif coll == "broadcast" and self.r != self.args.root:
             self.work[:] = 0
         else:
@@ -298,6 +335,8 @@ def worker(args: argparse.Namespace) -> int:
     rows = []
     maxbytes = args.maxbytes or ("64K" if sim else "32M")
     size_list = sizes(parse_size(args.minbytes), parse_size(maxbytes), args.stepfactor)
+    if coll == "barrier":
+        size_list = [0]   # moves nothing: one row, its time the barrier's latency
     start = time.monotonic()
     factor = busbw_factor(coll, comm.world_size)
     wrong_total = 0
@@ -314,7 +353,7 @@ def worker(args: argparse.Namespace) -> int:
                     t * comm.clock_mhz * 1e6)
             wrong_total += wrong
         redop = args.op if coll in ("allreduce", "reduce", "reduce_scatter") else "none"
-        root = args.root if coll in ("reduce", "broadcast") else -1
+        root = args.root if coll in ("reduce", "broadcast", "gather", "scatter") else -1
         row = {"size": case.nbytes, "count": case.count, "type": args.datatype, "redop": redop,
                "root": root, **res}
         rows.append(row)

@@ -19,7 +19,8 @@ from fpgaccl.errors import InvalidArgumentError, UnsupportedError
 
 DTYPES: dict[str, np.dtype] = {
     "int8": np.dtype(np.int8), "int16": np.dtype(np.int16), "int32": np.dtype(np.int32),
-    "int64": np.dtype(np.int64), "uint8": np.dtype(np.uint8),
+    "int64": np.dtype(np.int64), "uint8": np.dtype(np.uint8), "uint16": np.dtype(np.uint16),
+    "uint32": np.dtype(np.uint32), "uint64": np.dtype(np.uint64),
     "float16": np.dtype(np.float16), "bfloat16": np.dtype(ml_dtypes.bfloat16),
     "float32": np.dtype(np.float32), "float64": np.dtype(np.float64),
 }
@@ -30,6 +31,9 @@ OPS: dict[str, Any] = {
     "band": np.bitwise_and, "bor": np.bitwise_or, "bxor": np.bitwise_xor,
 }
 INT_ONLY = frozenset({"band", "bor", "bxor"})
+AVG = "avg"
+"""SUM, then each element scaled once (:data:`fpgaccl.proto.reduce.AVG` says how); not in
+:data:`OPS`, which maps the engine's own operators to their ufuncs."""
 
 
 def dtype_name(dt: np.dtype) -> str:
@@ -42,8 +46,11 @@ def check_dtype(dt: np.dtype, argument: str) -> None:
 
 
 def resolve_op(op: str, dt: np.dtype) -> Any:
+    """The ufunc the engine reduces ``op`` with (avg: np.add, scaled afterwards)."""
+    if isinstance(op, str) and op == AVG:
+        return np.add
     if not isinstance(op, str) or op not in OPS:
-        raise InvalidArgumentError("op", f"{op!r} is not one of {sorted(OPS)}")
+        raise InvalidArgumentError("op", f"{op!r} is not one of {sorted([*OPS, AVG])}")
     if op in INT_ONLY and dt.kind not in "iu":
         raise UnsupportedError("op", f"{op} needs an integer dtype, not {dtype_name(dt)}")
     return OPS[op]

@@ -5,9 +5,10 @@ argument), picks a sequencer program from :mod:`fpgaccl.proto.programs` -- the v
 programs the HDL sequencer runs --, cuts the vector into segments the engine's region
 holds and numbers them, and hands that to the rank's backend
 (:mod:`fpgaccl.host.backends`): the software engine, a simulated HDL node or a board.
-What the library has no program for (alltoallv, send/recv, barrier, and the ``tree``
-algorithms) runs as a host schedule from :mod:`fpgaccl.host.algorithms` on a backend
-that has them. Synchronous calls wait; with ``async_op=True`` they return a
+What the library has no program for (send/recv, the ``tree`` algorithms and
+alltoallv's ``direct`` one) runs as a host schedule from :mod:`fpgaccl.host.algorithms`
+on a backend that has them; alltoallv's ``padded`` algorithm is made of library
+programs and runs on every backend. Synchronous calls wait; with ``async_op=True`` they return a
 :class:`Handle`.
 """
 
@@ -41,9 +42,9 @@ from fpgaccl.proto.signature import Kind, Signature, program_digest, tag_value
 
 from . import algorithms as alg
 from .backends import Backend, open_backend
-from .backends.base import Pending, Program, ProgramRun, Segment
-from .buffers import UserBuffer, as_buffer, resolve_op
-from .executor import setup_chunks
+from .backends.base import Finished, Pending, Program, ProgramRun, Segment
+from .buffers import AVG, UserBuffer, as_buffer, resolve_op
+from .executor import average_into, setup_chunks
 from .flight import Entry, FlightRecorder
 
 ALGOS = {
@@ -53,7 +54,7 @@ ALGOS = {
     "reduce_scatter": ("ring",),
     "allgather": ("ring",),
     "alltoall": ("direct",),
-    "alltoallv": ("direct",),
+    "alltoallv": ("direct", "padded"),
 }
 RD_MAX_BYTES = 256 << 10
 """allreduce: recursive doubling up to here (fewest steps: a step costs far more than its
@@ -106,6 +107,10 @@ def _tag(tag: Any) -> int:
             0 <= tag < 1 << 32:
         return tag_value(int(tag))
     raise InvalidArgumentError("tag", f"{tag!r} must be a str or an int in 0..2**32-1")
+
+
+def _discard(out: np.ndarray, lo: int, hi: int) -> None:
+    """put_out of a rank that gets no result (a gather's non-root)."""
 
 
 def chain_segments(nbytes: int) -> int:
@@ -396,15 +401,33 @@ class Communicator:
         return original if not isinstance(original, np.ndarray) else ub.array.reshape(
             original.shape)
 
+    def _finisher(self, op: str, dt: np.dtype) -> tuple[str, Callable | None, tuple]:
+        """(the engine's op, the scaling that follows it or None, what the op adds to
+        the signature's algorithm): avg runs as sum and is scaled once per result
+        element (:data:`fpgaccl.proto.reduce.AVG`)."""
+        if op != AVG:
+            return op, None, ()
+        dtype, n = _dtype_of(dt), self.world_size
+
+        def scale(summed: np.ndarray, out: np.ndarray) -> None:
+            average_into(dtype, summed, n, out)
+
+        return "sum", scale, (AVG,)
+
     # ------------------------------------------------------------------ collectives
     def allreduce(self, sendbuf: Any, recvbuf: Any = None, op: str = "sum", *,
                   algo: str | None = None, async_op: bool = False, tag: Any = None) -> Any:
-        """Reduce across ranks; every rank receives identical bytes."""
+        """Reduce across ranks; every rank receives identical bytes. ``op``: sum, prod,
+        min, max, band/bor/bxor (integers), or avg (a sum, then each element scaled once
+        as :func:`fpgaccl.proto.reduce.average_reference` defines: floats times 1/n
+        rounded to the dtype, integers divided toward zero); reduce and reduce_scatter
+        take the same."""
         s, r, inplace = self._pair(sendbuf, recvbuf)
         if r.array.size != s.array.size:
             raise CountMismatchError("recvbuf", f"{r.array.size} elements, sendbuf has "
                                      f"{s.array.size}")
         ufunc = resolve_op(op, s.array.dtype)
+        op, scale, avg = self._finisher(op, s.array.dtype)
         nbytes = s.array.nbytes
         algo = self._algo("allreduce", algo, _allreduce_default(nbytes, self.world_size))
         result = self._out(r, sendbuf if inplace else recvbuf)
@@ -417,19 +440,25 @@ class Communicator:
                 if not inplace:
                     work[:] = sa
                 yield from alg.allreduce_tree(ctx, work, ufunc)
+                if scale is not None:
+                    scale(work, work)
 
             return self._schedule("allreduce", body, result, [s, r], async_op, sa.size)
         gen = _ALLREDUCE_PROGRAMS[algo]
         prog = _library(gen, self.rank, self.world_size)
 
         def put_out(out: np.ndarray, lo: int, hi: int) -> None:
-            work[lo:hi] = out
+            if scale is None:
+                work[lo:hi] = out
+            else:
+                scale(out, work[lo:hi])
 
+        # A bound result skips put_out: avg's scaling needs it.
+        bind = nbytes > BIND_MIN_BYTES and scale is None
         return self._program("allreduce", prog, m=sa.size, blocks=1, dt=sa.dtype, op=op,
                              get_in=lambda lo, hi: sa[lo:hi], put_out=put_out, result=result,
-                             keep=[s, r], async_op=async_op,
-                             out=work if nbytes > BIND_MIN_BYTES else None,
-                             kind=Kind.ALLREDUCE, algo=("allreduce", algo), tag=tag)
+                             keep=[s, r], async_op=async_op, out=work if bind else None,
+                             kind=Kind.ALLREDUCE, algo=("allreduce", algo, *avg), tag=tag)
 
     def reduce(self, sendbuf: Any, recvbuf: Any = None, op: str = "sum", root: int = 0, *,
                algo: str | None = None, async_op: bool = False, tag: Any = None) -> Any:
@@ -447,6 +476,7 @@ class Communicator:
             raise CountMismatchError("recvbuf", f"{r.array.size} elements, sendbuf has "
                                      f"{s.array.size}")
         ufunc = resolve_op(op, s.array.dtype)
+        op, scale, avg = self._finisher(op, s.array.dtype)
         algo = self._algo("reduce", algo, "chain")
         sa = s.array
         result = self._out(r, sendbuf if inplace else recvbuf) if is_root else None
@@ -456,14 +486,19 @@ class Communicator:
             dest = r.array if is_root else None
 
             def put_out(out: np.ndarray, lo: int, hi: int) -> None:
-                if dest is not None:
+                if dest is None:
+                    return
+                if scale is None:
                     dest[lo:hi] = out
+                else:
+                    scale(out, dest[lo:hi])
 
             return self._program("reduce", prog, m=sa.size, blocks=1, dt=sa.dtype, op=op,
                                  get_in=lambda lo, hi: sa[lo:hi], put_out=put_out,
                                  result=result, keep=[s] + ([r] if r else []),
                                  async_op=async_op, kind=Kind.REDUCE, root=root,
-                                 algo=("reduce", algo, chain_segments(sa.nbytes)), tag=tag)
+                                 algo=("reduce", algo, chain_segments(sa.nbytes), *avg),
+                                 tag=tag)
         self._need_schedules("algo", "reduce algo='tree'")
 
         def body(ctx: alg.Ctx) -> Program:
@@ -474,6 +509,8 @@ class Communicator:
             else:
                 work = sa.copy()  # the tree reduces into it; the user's buffer stays intact
             yield from alg.reduce_tree(ctx, work, ufunc, root, 0)
+            if is_root and scale is not None:
+                scale(work, work)
 
         return self._schedule("reduce", body, result, [s] + ([r] if r else []), async_op,
                               sa.size)
@@ -534,19 +571,23 @@ class Communicator:
                                          f"sendbuf size / world_size = {n}")
             out = r.array
         resolve_op(op, s.array.dtype)
+        op, scale, avg = self._finisher(op, s.array.dtype)
         self._algo("reduce_scatter", algo, "ring")
         sa = s.array
         me = self.rank
 
         def put_out(res: np.ndarray, lo: int, hi: int) -> None:
             k = hi - lo
-            out[lo:hi] = res[me * k:(me + 1) * k]
+            if scale is None:
+                out[lo:hi] = res[me * k:(me + 1) * k]
+            else:
+                scale(res[me * k:(me + 1) * k], out[lo:hi])
 
         result = self._out(r, recvbuf) if recvbuf is not None else out
         return self._program("reduce_scatter", _library(lib.ring_reduce_scatter, me, p), m=n,
                              blocks=p, dt=sa.dtype, op=op, get_in=self._gather_in(sa, n, p, True),
                              put_out=put_out, result=result, keep=[s, r], async_op=async_op,
-                             kind=Kind.REDUCE_SCATTER, algo=("reduce_scatter", "ring"),
+                             kind=Kind.REDUCE_SCATTER, algo=("reduce_scatter", "ring", *avg),
                              tag=tag)
 
     def allgather(self, sendbuf: Any, recvbuf: Any = None, *, algo: str | None = None,
@@ -624,11 +665,93 @@ class Communicator:
                              keep=[s, r], async_op=async_op, kind=Kind.ALLTOALL,
                              algo=("alltoall", "direct"), tag=tag)
 
+    def gather(self, sendbuf: Any, recvbuf: Any = None, root: int = 0, *,
+               async_op: bool = False, tag: Any = None) -> Any:
+        """Every rank's ``sendbuf`` (n elements) to ``root``, whose ``recvbuf`` (n x
+        world_size elements, rank i's at block i) it returns; other ranks return None
+        and need no ``recvbuf``."""
+        root = self._root(root)
+        self._check_open()
+        p, me = self.world_size, self.rank
+        s = as_buffer(sendbuf, "sendbuf")
+        n = s.array.size
+        r: UserBuffer | None = None
+        if me == root:
+            if recvbuf is None:
+                raise InvalidArgumentError("recvbuf", "the root of a gather needs a receive "
+                                           f"buffer of {n} x {p} elements")
+            r = as_buffer(recvbuf, "recvbuf", writable=True)
+            if r.array.dtype != s.array.dtype:
+                raise DtypeMismatchError("recvbuf", f"{r.array.dtype} differs from sendbuf's "
+                                         f"{s.array.dtype}")
+            if r.array.size != n * p:
+                raise CountMismatchError("recvbuf", f"{r.array.size} elements, expected "
+                                         f"{n} x {p}")
+        mine = s.array
+        region = self.impl.staging
+
+        def get_in(lo: int, hi: int) -> np.ndarray:
+            k = hi - lo  # only block `me` of IN is read
+            staged = region.view(Buf.IN, mine.dtype, p * k)
+            staged[me * k:(me + 1) * k] = mine[lo:hi]
+            return staged
+
+        put_out = self._scatter_out(r.array, n, p) if r is not None else _discard
+        return self._program("gather", _library(lib.gather, me, p, root), m=n, blocks=p,
+                             dt=mine.dtype, op=None, get_in=get_in, put_out=put_out,
+                             result=self._out(r, recvbuf) if r is not None else None,
+                             keep=[s] + ([r] if r is not None else []), async_op=async_op,
+                             kind=Kind.GATHER, root=root, algo=("gather", "direct"), tag=tag)
+
+    def scatter(self, sendbuf: Any, recvbuf: Any, root: int = 0, *, async_op: bool = False,
+                tag: Any = None) -> Any:
+        """Block i of the root's ``sendbuf`` (n x world_size elements) to rank i's
+        ``recvbuf`` (n elements), which every rank returns; ``sendbuf`` matters on the
+        root only (None elsewhere)."""
+        root = self._root(root)
+        self._check_open()
+        p, me = self.world_size, self.rank
+        r = as_buffer(recvbuf, "recvbuf", writable=True)
+        n = r.array.size
+        s: UserBuffer | None = None
+        if me == root:
+            s = as_buffer(sendbuf, "sendbuf")
+            if s.array.dtype != r.array.dtype:
+                raise DtypeMismatchError("recvbuf", f"{r.array.dtype} differs from sendbuf's "
+                                         f"{s.array.dtype}")
+            if s.array.size != n * p:
+                raise CountMismatchError("sendbuf", f"{s.array.size} elements, expected "
+                                         f"recvbuf's {n} x {p}")
+            get_in = self._gather_in(s.array, n, p, True)
+        else:
+            region, dt = self.impl.staging, r.array.dtype
+
+            def get_in(lo: int, hi: int) -> np.ndarray:
+                return region.view(Buf.IN, dt, p * (hi - lo))  # not read off the root
+
+        out = r.array
+
+        def put_out(res: np.ndarray, lo: int, hi: int) -> None:
+            k = hi - lo
+            out[lo:hi] = res[me * k:(me + 1) * k]
+
+        return self._program("scatter", _library(lib.scatter, me, p, root), m=n, blocks=p,
+                             dt=out.dtype, op=None, get_in=get_in, put_out=put_out,
+                             result=self._out(r, recvbuf), keep=[r] + ([s] if s else []),
+                             async_op=async_op, kind=Kind.SCATTER, root=root,
+                             algo=("scatter", "direct"), tag=tag)
+
     def alltoallv(self, sendbuf: Any, sendcounts: Sequence[int], recvbuf: Any,
                   recvcounts: Sequence[int], sdispls: Sequence[int] | None = None,
                   rdispls: Sequence[int] | None = None, *, algo: str | None = None,
                   async_op: bool = False) -> Any:
-        """Per-peer counts (elements), e.g. MoE token dispatch and combine."""
+        """Per-peer counts (elements), e.g. MoE token dispatch and combine.
+
+        ``algo``: ``"direct"`` (the default where the backend runs host schedules: each
+        block goes as its own message, no padding) or ``"padded"`` (the default on the
+        sim and board backends, and what a world mixing backends must ask for on every
+        rank): a one-element allreduce (max) agrees on the largest block, then the
+        library's alltoall program moves every block padded to it."""
         self._check_open()
         s = as_buffer(sendbuf, "sendbuf")
         sc = self._counts(sendcounts, "sendcounts")
@@ -643,8 +766,35 @@ class Communicator:
             raise CountMismatchError("sendcounts", f"exceed sendbuf's {s.array.size} elements")
         if recvbuf is None:
             raise InvalidArgumentError("recvbuf", "alltoallv needs a separate receive buffer")
-        self._need_schedules("sendcounts", "alltoallv")
+        default = "direct" if self.impl.host_schedules else "padded"
+        if self._algo("alltoallv", algo, default) == "padded":
+            return self._alltoallv_padded(s, recvbuf, sc, sd, rc, rd, async_op)
+        self._need_schedules("algo", "alltoallv algo='direct'")
         return self._alltoallv("alltoallv", s, recvbuf, sc, sd, rc, rd, algo, async_op, recvbuf)
+
+    def _alltoallv_padded(self, s: UserBuffer, recvbuf: Any, sc: list[int], sd: list[int],
+                          rc: list[int], rd: list[int], async_op: bool) -> Any:
+        r = as_buffer(recvbuf, "recvbuf", writable=True)
+        if r.array.dtype != s.array.dtype:
+            raise DtypeMismatchError("recvbuf", f"{r.array.dtype} differs from sendbuf's "
+                                     f"{s.array.dtype}")
+        if max(d + c for d, c in zip(rd, rc, strict=True)) > r.array.size:
+            raise CountMismatchError("recvcounts", f"{r.array.size} elements cannot hold "
+                                     "the blocks")
+        p, sa, ra = self.world_size, s.array, r.array
+        most = np.array([max(*sc, *rc)], np.int64)
+        self.allreduce(most, op="max")
+        blk = int(most[0])
+        if blk:
+            send = np.zeros(p * blk, sa.dtype)
+            for j in range(p):
+                send[j * blk:j * blk + sc[j]] = sa[sd[j]:sd[j] + sc[j]]
+            got = self.alltoall(send, np.empty_like(send))
+            for i in range(p):
+                ra[rd[i]:rd[i] + rc[i]] = got[i * blk:i * blk + rc[i]]
+        # Done before it returns (the programs above waited): async_op gets a finished handle.
+        return self._handle(Finished("alltoallv", self.deadline_s), self._out(r, recvbuf), [r],
+                            async_op, (self._calls, "alltoallv", sum(rc)))
 
     def _counts(self, counts: Sequence[int], name: str) -> list[int]:
         try:
@@ -725,11 +875,17 @@ class Communicator:
                              kind=Kind.PROGRAM, tag=tag)
 
     def barrier(self, *, async_op: bool = False) -> Any:
-        """Returns once every rank has entered."""
+        """Returns once every rank has entered: the library's dissemination program
+        (:func:`fpgaccl.proto.programs.barrier`) on every backend, so worlds that mix
+        backends share it too."""
         self._check_open()
-        coll, call = self._next_coll()
-        return self._handle(self.impl.barrier(coll, self.deadline_s), None, [], async_op,
-                            (call, "barrier"))
+        n = lib.barrier_elements(self.world_size)
+        token = np.zeros(n, np.uint64)   # values do not matter; whole 64-bit words
+        return self._program("barrier", _library(lib.barrier, self.rank, self.world_size),
+                             m=n, blocks=1, dt=token.dtype, op=None,
+                             get_in=lambda lo, hi: token[lo:hi], put_out=_discard, result=None,
+                             keep=[], async_op=async_op, kind=Kind.BARRIER,
+                             algo=("barrier", "dissemination"))
 
     # ------------------------------------------------------------------ sub-communicators
     def split(self, color: int | None, key: int = 0) -> Communicator | None:
@@ -869,24 +1025,68 @@ class Communicator:
         return int(peer)
 
     def send(self, buf: Any, dst: int, *, async_op: bool = False) -> Any:
-        self._need_schedules("dst", "send")
+        """``buf`` to rank ``dst``'s matching :meth:`recv` (same element count and dtype).
+
+        On the software backend a send is buffered by the receiver's ring and may
+        complete first; on the sim and board backends it is the ``p2p_send`` program,
+        which waits for the receiver's grant: it completes only once ``dst`` receives
+        (order exchanges so that one side receives first)."""
         self._check_open()
         dst = self._peer(dst, "dst")
         b = as_buffer(buf, "buf")
         seq = self._p2p_next(self._p2p_send, dst)
+        if not self.impl.host_schedules:
+            self._need_p2p_programs("dst")
+            return self._p2p_program("send", lib.p2p_send, dst, seq, b, None, async_op)
         job = self.impl.send(dst, seq, b.array, self.deadline_s)
         return self._handle(job, None, [b], async_op,
                             (seq, "send", b.array.size, None, None, None, (), 0, dst))
 
     def recv(self, buf: Any, src: int, *, async_op: bool = False) -> Any:
-        self._need_schedules("src", "recv")
+        """Rank ``src``'s matching :meth:`send` into ``buf``."""
         self._check_open()
         src = self._peer(src, "src")
         b = as_buffer(buf, "buf", writable=True)
         seq = self._p2p_next(self._p2p_recv, src)
+        if not self.impl.host_schedules:
+            self._need_p2p_programs("src")
+            return self._p2p_program("recv", lib.p2p_recv, src, seq, b, self._out(b, buf),
+                                     async_op)
         job = self.impl.recv(src, seq, b.array, self.deadline_s)
         return self._handle(job, self._out(b, buf), [b], async_op,
                             (seq, "recv", b.array.size, None, None, None, (), 0, src))
+
+    def _need_p2p_programs(self, argument: str) -> None:
+        if not getattr(self.impl, "p2p_programs", False):
+            raise UnsupportedError(argument, f"the {self.backend} backend runs neither host "
+                                   "schedules nor programs of two ranks (send/recv)")
+
+    def _p2p_program(self, name: str, gen: Any, peer: int, seq: int, b: UserBuffer,
+                     result: Any, async_op: bool) -> Any:
+        """send/recv as a two-rank program, in segments the region holds. The ranks
+        not involved run nothing, so the world's coll_id sequence is left alone: the
+        segments are numbered from the pair's own sequence (the HDL matches a peer's
+        messages by order, not by coll_id)."""
+        arr = b.array
+        m = arr.size
+        seg = self._segment_elements(1, arr.dtype)
+        sending = name == "send"
+        segments = [Segment(((seq << 6) + k) & 0xFFFF, lo, min(m, lo + seg), min(m, lo + seg) - lo)
+                    for k, lo in enumerate(range(0, m, seg))]
+
+        def get_in(lo: int, hi: int) -> np.ndarray:
+            return arr[lo:hi] if sending else self.impl.staging.view(Buf.IN, arr.dtype, hi - lo)
+
+        def put_out(out: np.ndarray, lo: int, hi: int) -> None:
+            if not sending:
+                arr[lo:hi] = out
+
+        lo_rank, hi_rank = sorted((self.rank, peer))
+        run = ProgramRun(name, _library(gen, self.rank, self.world_size, peer),
+                         _dtype_of(arr.dtype), arr.dtype, ReduceOp.SUM, segments, get_in,
+                         put_out, peers=(lo_rank, hi_rank))
+        return self._handle(self.impl.run(run, self.deadline_s), result, [b], async_op,
+                            (seq, name, m, _dtype_of(arr.dtype), None, None, (), 0, peer))
 
     def _p2p_next(self, counters: list[int], peer: int) -> int:
         # One counter per direction and peer: sends to j pair with j's receives from us.

@@ -75,7 +75,15 @@ import numpy as np
 
 from fpgaccl.errors import CollectiveMismatchError, CountMismatchError, TransportError
 from fpgaccl.proto.isa import Buf, Instr, SeqOp, chunk_size
-from fpgaccl.proto.reduce import BITWISE_OPS, DType, ReduceOp, nan_fixup, reduce_reference
+from fpgaccl.proto.reduce import (
+    BITWISE_OPS,
+    DType,
+    ReduceOp,
+    average_reference,
+    average_scale,
+    nan_fixup,
+    reduce_reference,
+)
 from fpgaccl.proto.signature import (
     RECORD,
     STEP_MISMATCH,
@@ -206,6 +214,17 @@ def reduce_into(dtype: DType, op: ReduceOp, a: np.ndarray, b: np.ndarray,
                 out[nan] = nan_fixup(dtype, np.zeros_like(r), np.zeros_like(r), r)
         return
     out[...] = reduce_reference(dtype, op, a, b)
+
+
+def average_into(dtype: DType, summed: np.ndarray, n: int, out: np.ndarray) -> None:
+    """``out[:] = average_reference(dtype, summed, n)`` (``op="avg"``'s scaling); ``out``
+    may alias ``summed``. Floats take :func:`reduce_into`'s fast PROD by the rounded
+    ``1/n``, which is the reference's definition."""
+    if dtype.is_float:
+        scale = np.broadcast_to(average_scale(dtype, n), summed.shape)
+        reduce_into(dtype, ReduceOp.PROD, summed, scale, out)
+    else:
+        out[...] = average_reference(dtype, summed, n)
 
 
 _SMALL = 4096  # elements
@@ -615,4 +634,5 @@ def _take(q: deque, coll_id: int, ins: Instr, rank: int, what: str) -> tuple:
 
 
 __all__ = ["DEFAULT_STAGE_BYTES", "CollectiveRegion", "ProgramError", "RemoteBuffers",
-           "SignatureCheck", "execute", "reduce_into", "setup_chunks", "writes_in"]
+           "SignatureCheck", "average_into", "execute", "reduce_into", "setup_chunks",
+           "writes_in"]

@@ -48,7 +48,12 @@ _DTYPES: dict[torch.dtype, tuple[torch.dtype, np.dtype]] = {
     torch.int32: (torch.int32, np.dtype(np.int32)),
     torch.int64: (torch.int64, np.dtype(np.int64)),
     torch.uint8: (torch.uint8, np.dtype(np.uint8)),
+    torch.uint16: (torch.uint16, np.dtype(np.uint16)),
+    torch.uint32: (torch.uint32, np.dtype(np.uint32)),
+    torch.uint64: (torch.uint64, np.dtype(np.uint64)),
 }
+_NO_TORCH_DIVISION = frozenset({torch.uint16, torch.uint32, torch.uint64})
+"""Unsigned types PyTorch stores but cannot divide (no div kernels on CPU)."""
 
 _OPS = {
     dist.ReduceOp.SUM: "sum", dist.ReduceOp.PRODUCT: "prod", dist.ReduceOp.MIN: "min",
@@ -125,6 +130,9 @@ def divide(t: torch.Tensor, n: int) -> None:
     with torch.no_grad():
         if t.is_floating_point():
             t.div_(n)
+        elif t.dtype in _NO_TORCH_DIVISION:
+            a = t.detach().numpy()   # the tensor's memory; unsigned: floor is trunc
+            a //= a.dtype.type(n)
         else:
             t.div_(n, rounding_mode="trunc")
 

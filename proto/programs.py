@@ -9,6 +9,11 @@ Buffer conventions (``nchunks`` set by SETUP):
 * reduce_scatter: rank r's result is OUT chunk r (of ``world`` chunks).
 * allgather: rank r's contribution is IN chunk r; every rank ends with all of OUT.
 * alltoall: IN chunk j goes to rank j; OUT chunk j came from rank j.
+* gather: rank r's contribution is IN chunk r (of ``world``); the root's OUT ends with
+  all of them. scatter: the root's IN chunk j goes to rank j's OUT chunk j.
+* barrier: ``barrier_elements(world)`` elements whose values do not matter.
+* p2p_send / p2p_recv: the sender's IN lands in the receiver's OUT; only the two ranks
+  run a program (one message: tag 0).
 """
 
 from __future__ import annotations
@@ -308,6 +313,58 @@ def alltoall(rank: int, world: int) -> list[Instr]:
     return [*prog, DONE]
 
 
+def gather(rank: int, world: int, root: int = 0) -> list[Instr]:
+    """Every rank's chunk straight to the root, one message each (step 0: each peer
+    sends the root one message, and tags are per peer)."""
+    if rank == root:
+        others = [(root + k) % world for k in range(1, world)]
+        return (_setup(world, chunk=root, count=1) + [_grant(p, 0) for p in others]
+                + [_recv(p, p, 0) for p in others] + [DONE])
+    return [*_setup(world, copy=False), _send(root, rank, 0, OUT, src=IN), DONE]
+
+
+def scatter(rank: int, world: int, root: int = 0) -> list[Instr]:
+    """The root sends chunk j of its IN to rank j, in rank order after itself."""
+    if rank == root:
+        others = [(root + k) % world for k in range(1, world)]
+        return (_setup(world, chunk=root, count=1)
+                + [_send(p, p, 0, OUT, src=IN) for p in others] + [DONE])
+    return [*_setup(world, copy=False), _grant(root, 0), _recv(root, rank, 0), DONE]
+
+
+def barrier_elements(world: int) -> int:
+    """Elements a :func:`barrier` runs over: one per round (at least one)."""
+    return max(1, (world - 1).bit_length())
+
+
+def barrier(rank: int, world: int) -> list[Instr]:
+    """Dissemination barrier: in round k a rank sends one element to rank + 2^k and waits
+    for rank - 2^k's, so after ceil(log2 world) rounds every rank has heard, directly or
+    through others, from every rank that entered. Round k lands in chunk k: every
+    landing has its own place (and is granted up front), and the 2^k are distinct mod
+    the world, so no two rounds share a peer's message order."""
+    rounds = barrier_elements(world) if world > 1 else 0
+    prog = _setup(max(1, rounds), copy=False)
+    prog += [_grant((rank - (1 << k)) % world, k) for k in range(rounds)]
+    for k in range(rounds):
+        prog.append(_send((rank + (1 << k)) % world, k, k, OUT, src=IN))
+        prog.append(_recv((rank - (1 << k)) % world, k, k))
+    return [*prog, DONE]
+
+
+def p2p_send(rank: int, world: int, dst: int | None = None) -> list[Instr]:
+    """send: all of IN to ``dst``'s OUT (default: the next rank), once ``dst`` has
+    granted it (its p2p_recv)."""
+    dst = (rank + 1) % world if dst is None else dst
+    return [*_setup(1, copy=False), _send(dst, 0, 0, OUT, src=IN), DONE]
+
+
+def p2p_recv(rank: int, world: int, src: int | None = None) -> list[Instr]:
+    """recv: grant ``src`` (default: the previous rank) and wait for its message in OUT."""
+    src = (rank - 1) % world if src is None else src
+    return [*_setup(1, copy=False), _grant(src, 0), _recv(src, 0, 0), DONE]
+
+
 def hierarchical_allreduce(rank: int, world: int, rows: int) -> list[Instr]:
     """2D allreduce on a ``rows`` x ``world/rows`` grid, added purely as a program:
     ring reduce-scatter along the row, ring allreduce of the owned block down the column
@@ -344,5 +401,10 @@ LIBRARY = {
     "chain_broadcast": chain_broadcast,
     "chain_reduce": chain_reduce,
     "alltoall": alltoall,
+    "gather": gather,
+    "scatter": scatter,
+    "barrier": barrier,
+    "p2p_send": p2p_send,
+    "p2p_recv": p2p_recv,
     "hierarchical_allreduce": hierarchical_allreduce,
 }

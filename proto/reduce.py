@@ -212,3 +212,41 @@ def reduce_bytes(dtype: DType, op: ReduceOp, a: bytes, b: bytes) -> bytes:
         raise ValueError("buffers must have the same length, a multiple of the element size")
     r = reduce_reference(dtype, op, np.frombuffer(a, nt), np.frombuffer(b, nt))
     return np.asarray(r).astype(nt).tobytes()
+
+
+AVG = "avg"
+"""``op="avg"``: the engine runs SUM, then every element is scaled once, by
+:func:`average_reference` -- the single definition every backend applies (after the
+program's last step, on the host: the reduction unit has no scaling stage yet).
+
+* floats: ``sum * r`` with ``r = 1/n`` rounded to the dtype (nearest even), and the
+  product rounded to the dtype: exactly ``reduce_reference(PROD, sum, r)``, NaN rule
+  included, so the reduction unit's multiplier can take this step over bit for bit.
+  (Not ``sum / n``: for n not a power of two the two differ in the last bit now and then.)
+* integers: the wrapped sum divided by ``n`` rounding toward zero (C's ``/``, NCCL's and
+  ``torch.div(rounding_mode="trunc")``); unsigned types simply floor."""
+
+
+def average_scale(dtype: DType, n: int):
+    """The float multiplier of :data:`AVG`: ``1/n`` rounded to ``dtype``."""
+    import numpy as np
+    return np.asarray(1.0 / n, dtype=np.float64).astype(DType(dtype).numpy_dtype())
+
+
+def average_reference(dtype: DType, summed, n: int):
+    """:data:`AVG`'s result from the SUM ``summed`` (an array of ``dtype``) of ``n`` ranks."""
+    import numpy as np
+    dtype = DType(dtype)
+    if n < 1:
+        raise ValueError(f"n: an average over {n} ranks")
+    nt = dtype.numpy_dtype()
+    s = np.asarray(summed, dtype=nt)
+    if dtype.is_float:
+        return reduce_reference(dtype, ReduceOp.PROD, s,
+                                np.full(s.shape, average_scale(dtype, n), nt))
+    # Wide enough for n whatever the element type (the quotient fits the type again).
+    wide = s.astype(np.int64) if dtype.bits < 64 else s
+    q = wide // wide.dtype.type(n)
+    if dtype.is_signed:
+        q = q + ((q * wide.dtype.type(n) != wide) & (wide < 0))
+    return q.astype(nt)

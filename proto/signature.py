@@ -64,6 +64,9 @@ class Kind(IntEnum):
     ALLGATHER = 5
     ALLTOALL = 6
     PROGRAM = 7
+    GATHER = 8
+    SCATTER = 9
+    BARRIER = 10
 
 
 def program_digest(name: str, *params: object) -> int:

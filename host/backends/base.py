@@ -60,6 +60,8 @@ class ProgramRun:
     signature: Signature | None = None
     """What every rank must agree on (:mod:`fpgaccl.proto.signature`); a backend that
     can checks its peers' before a byte moves."""
+    peers: tuple[int, ...] | None = None
+    """The ranks that run this program (send/recv: the two ends); None: every rank."""
 
 
 class Pending(Protocol):
@@ -105,6 +107,9 @@ class Backend(Protocol):
     need per-peer receive rings, which only the software engine has)."""
     clock_mhz: float | None
     """The engine's clock where times are counted in its cycles (simulation), else None."""
+    p2p_programs: bool
+    """Whether :meth:`run` takes a program only some ranks run (``ProgramRun.peers``:
+    send/recv without host schedules)."""
     barrier_at_close: bool
     """Whether leaving the world starts with a barrier: peers may still need this
     rank's answers (retransmissions) until every rank has finished."""

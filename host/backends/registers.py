@@ -73,6 +73,7 @@ class RegisterBackend:
     """A :class:`~fpgaccl.host.backends.base.Backend` over a :class:`NodePort`."""
 
     host_schedules = False
+    p2p_programs = True
 
     def __init__(self, name: str, rank: int, world_size: int, port: NodePort, *,
                  barrier_at_close: bool) -> None:
@@ -97,9 +98,11 @@ class RegisterBackend:
             writes = collective_writes(port.rmap, list(run.program), buffers=port.buffers,
                                        count=s.count, dtype=run.dtype, op=run.op)
             inbuf = np.ascontiguousarray(run.get_in(s.lo, s.hi))
-            out, cycles = port.execute(
-                run.name, s.coll_id, writes, inbuf.tobytes(), s.count * dt.itemsize,
-                {"name": run.name, "count": s.count, "dtype": dt.str}, deadline_s)
+            sig: dict[str, Any] = {"name": run.name, "count": s.count, "dtype": dt.str}
+            if run.peers is not None:
+                sig["group"] = list(run.peers)
+            out, cycles = port.execute(run.name, s.coll_id, writes, inbuf.tobytes(),
+                                       s.count * dt.itemsize, sig, deadline_s)
             self.last_cycles += cycles
             run.put_out(np.frombuffer(out, dt, s.count), s.lo, s.hi)
         self.total_cycles += self.last_cycles
@@ -111,12 +114,12 @@ class RegisterBackend:
                                "programs only; host schedules have none")
 
     def send(self, peer: int, seq: int, data: np.ndarray, deadline_s: float) -> Finished:
-        raise UnsupportedError("dst", f"send/recv have no sequencer program on the "
-                               f"{self.name} backend")
+        raise UnsupportedError("dst", f"the {self.name} backend sends with the p2p_send "
+                               "program (Communicator.send), not a host schedule")
 
     def recv(self, peer: int, seq: int, out: np.ndarray, deadline_s: float) -> Finished:
-        raise UnsupportedError("src", f"send/recv have no sequencer program on the "
-                               f"{self.name} backend")
+        raise UnsupportedError("src", f"the {self.name} backend receives with the p2p_recv "
+                               "program (Communicator.recv), not a host schedule")
 
     def barrier(self, coll_id: int, deadline_s: float) -> Finished:
         if self.port.native_barrier:

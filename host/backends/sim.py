@@ -13,8 +13,11 @@ segment (``stage_bytes``, 1 MiB here, less the chunk padding), and for any size 
 software communicator is given the same ``stage_bytes``.
 
 Limits: world_size <= 4 (the standard cluster), programs up to the engine's 256
-instruction-memory words, and only calls with a library program; host schedules
-(``tree`` algorithms, alltoallv, send/recv) raise UnsupportedError. IN and OUT travel
+instruction-memory words, and only calls with a library program: host schedules (the
+``tree`` algorithms, alltoallv's ``direct``) raise UnsupportedError. alltoallv runs as
+``padded`` (the alltoall program), barrier as its program, send/recv as the two-rank
+``p2p_send``/``p2p_recv`` programs, which the server starts as each end asks (a send
+completes once its receiver's program runs). IN and OUT travel
 through the memory backdoor one 64-bit word per clock, driven from Python (roughly
 10-30k words per wall second): keep simulated collectives to a few thousand elements
 per call. Async calls complete before they return.
@@ -28,9 +31,9 @@ loopback address the rank would have bound on the software backend), port 4791, 
 programs the node from the table and bridges the switch ports of the software ranks to
 their UDP sockets (:mod:`fpgaccl.sim.bridge`). Both backends cut the same segments
 (``stage_bytes``: the smallest advertised) with the same ``coll_id`` numbers, so a
-collective spans both. Only library programs cross: barrier, send/recv and the host
-schedules (``tree``, alltoallv) have none, and raise UnsupportedError on the simulated
-ranks (a one-element allreduce synchronises a mixed world).
+collective spans both. Only library programs cross (barrier is one; alltoallv must be
+``algo="padded"`` on every rank); send/recv and the host schedules (``tree``) raise
+UnsupportedError on the simulated ranks.
 
 Requests (frames of :mod:`fpgaccl.proto.framing`): ``hello {node, world}``,
 ``collective {seq, coll_id, name, count, dtype, writes, out_bytes}`` + IN bytes,
@@ -174,8 +177,14 @@ class ClusterPort:
     def execute(self, name: str, coll_id: int, writes: Writes, inbuf: bytes,
                 out_bytes: int, signature: dict[str, Any], deadline_s: float
                 ) -> tuple[bytes, int]:
+        if signature.get("group") is not None and self.sim_ranks is not None:
+            raise UnsupportedError("dst" if name == "send" else "src", "send/recv in a "
+                                   "world that mixes backends: the software ranks' are "
+                                   "host schedules, the simulated nodes' programs")
+        # Two-rank programs (send/recv) start at once, outside the world's sequence.
+        seq = None if signature.get("group") is not None else self._next_seq()
         head, out = self._call(
-            {"op": "collective", "seq": self._next_seq(), "coll_id": coll_id & 0xFFFF,
+            {"op": "collective", "seq": seq, "coll_id": coll_id & 0xFFFF,
              **signature, "writes": writes, "out_bytes": out_bytes},
             inbuf, name, deadline_s)
         return out, int(head["cycles"])

@@ -56,6 +56,7 @@ class SoftwareBackend:
 
     name = "software"
     host_schedules = True
+    p2p_programs = False  # send/recv are host schedules here
     clock_mhz = None
 
     def __init__(self, rank: int, world_size: int, *, master_addr: str | None = None,

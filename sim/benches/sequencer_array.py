@@ -135,6 +135,13 @@ def cases():
         yield "chain_broadcast", world, lambda r, w=world: P.chain_broadcast(r, w, w // 2)
         yield "chain_reduce", world, lambda r, w=world: P.chain_reduce(r, w, w - 1)
         yield "alltoall", world, lambda r, w=world: P.alltoall(r, w)
+        yield "gather", world, lambda r, w=world: P.gather(r, w, w - 1)
+        yield "scatter", world, lambda r, w=world: P.scatter(r, w, w // 2)
+        yield "barrier", world, lambda r, w=world: P.barrier(r, w)
+        if world > 1:   # a pair: the others run an empty program
+            yield "p2p", world, lambda r, w=world: (
+                P.p2p_send(r, w, w - 1) if r == 0 else P.p2p_recv(r, w, 0) if r == w - 1
+                else [P.Instr(SeqOp.SETUP, step=1), P.DONE])
         if world % 2 == 0 and world > 2:
             yield "hierarchical_allreduce", world, \
                 lambda r, w=world: P.hierarchical_allreduce(r, w, 2)
@@ -152,7 +159,7 @@ async def library_programs_match_the_model(dut):
                                (DType.FLOAT32, ReduceOp.SUM, np.float32)):
             rng = np.random.default_rng(i)
             n = int(rng.integers(world, 9 * world + 3))
-            if name == "alltoall":  # equal blocks per peer, as the host API guarantees
+            if name in ("alltoall", "gather", "scatter"):  # equal blocks, as the API makes them
                 n -= n % world
             xs = [(rng.standard_normal(n) * 100).astype(npt) for _ in range(world)]
             progs = [gen(r) for r in range(world)]

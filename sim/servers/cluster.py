@@ -125,6 +125,11 @@ class ClusterServer:
                 client.reply({"error": "peer", "detail": f"rank {gone} left the world before "
                               f"calling {h.get('name', kind)}"})
                 return
+            if h.get("group") is not None:
+                # send/recv: only the two ends run a program, and the grant makes the
+                # sender wait for the receiver, so each node starts when its rank asks.
+                await self.start_collective(kind, {client.node: (client, h, payload)})
+                return
             key = (kind, h["seq"])
             group = self.pending.setdefault(key, {})
             group[client.node] = (client, h, payload)

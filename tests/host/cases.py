@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from fpgaccl.host.buffers import DTYPES, INT_ONLY, OPS
+from fpgaccl.host.buffers import AVG, DTYPES, INT_ONLY, OPS
 
 FLOAT_RTOL = {"float16": 2e-2, "bfloat16": 1e-1, "float32": 1e-4, "float64": 1e-10}
 
@@ -29,6 +29,12 @@ def inputs(seed: int, world: int, count: int, dtype: str) -> list[np.ndarray]:
 
 def reference(xs: list[np.ndarray], op: str) -> np.ndarray:
     dt = xs[0].dtype
+    if op == AVG:
+        summed = reference(xs, "sum")
+        n = len(xs)
+        if dt.kind in "iu":  # the wrapped sum, divided toward zero (Python ints)
+            return np.array([v // n if v >= 0 else -(-v // n) for v in summed.tolist()], dt)
+        return summed / n
     if dt.kind == "f" or dt.name == "bfloat16":
         acc = xs[0].astype(np.float64)
         for x in xs[1:]:
@@ -48,7 +54,7 @@ def same(got: np.ndarray, want: np.ndarray, dtype: str) -> bool:
 
 
 def ops_for(dtype: str) -> list[str]:
-    return [o for o in OPS if o not in INT_ONLY or DTYPES[dtype].kind in "iu"]
+    return [o for o in (*OPS, AVG) if o not in INT_ONLY or DTYPES[dtype].kind in "iu"]
 
 
 def run_all(comm: Any, seed: int, big: bool = False) -> dict[str, Any]:
@@ -124,20 +130,31 @@ def run_all(comm: Any, seed: int, big: bool = False) -> dict[str, Any]:
             res = comm.alltoall(a2a[r], np.empty_like(a2a[r]))
         if not np.array_equal(np.asarray(res).view(np.uint8), want.view(np.uint8)):
             fails.append(f"rank {r} alltoall {dtype}")
+        # gather to and scatter from root (every rank's result is checked on its own)
+        got = comm.gather(xs[r], np.empty(count * p, xs[r].dtype) if r == root else None,
+                          root=root)
+        if (r == root) != (got is not None) or (
+                r == root and got.view(np.uint8).tobytes() != full.view(np.uint8).tobytes()):
+            fails.append(f"rank {r} gather {dtype} root={root}")
+        part = np.empty(count, xs[r].dtype)
+        got = comm.scatter(full if r == root else None, part, root=root)
+        if got.view(np.uint8).tobytes() != xs[r].view(np.uint8).tobytes():
+            fails.append(f"rank {r} scatter {dtype} root={root}")
         # alltoallv: rank i sends (i + j + k) % 4 elements to rank j
         cnt = [[(i + j + k) % 4 for j in range(p)] for i in range(p)]
         srcs = inputs(seed + 7000 + k, p, 4 * p, dtype)
         send = srcs[r][:sum(cnt[r])]
         recvcounts = [cnt[i][r] for i in range(p)]
         recv = np.empty(sum(recvcounts), send.dtype)
-        comm.alltoallv(send, cnt[r], recv, recvcounts)
+        algo = ("direct", "padded")[k % 2]
+        comm.alltoallv(send, cnt[r], recv, recvcounts, algo=algo)
         parts = []
         for i in range(p):
             sdi = int(np.sum(cnt[i][:r]))
             parts.append(srcs[i][sdi:sdi + cnt[i][r]])
         want = np.concatenate(parts) if parts else recv[:0]
         if not np.array_equal(recv.view(np.uint8), want.view(np.uint8)):
-            fails.append(f"rank {r} alltoallv {dtype}")
+            fails.append(f"rank {r} alltoallv {dtype} {algo}")
         # send/recv around the ring, async send so nobody deadlocks
         if p > 1:
             h = comm.send(mine, (r + 1) % p, async_op=True)

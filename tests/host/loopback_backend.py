@@ -46,6 +46,7 @@ class Fabric:
 class LoopbackBackend:
     name = "loopback"
     host_schedules = False
+    p2p_programs = False
     clock_mhz = None
     barrier_at_close = False
 

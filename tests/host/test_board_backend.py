@@ -86,6 +86,27 @@ def test_collectives_through_the_queues(board, memory):
         comm.allreduce(dev)                       # a GPU buffer, in place
         res["gpu_f"] = dev.get()
         res["cycles"] = comm.impl.last_cycles
+        if memory == "host":  # the rest of the API, once
+            r = comm.rank
+            u = (np.arange(300, dtype=np.uint64) * 2654435761 + r * 977).astype(np.uint32)
+            res["u32"] = u
+            res["ar_u32"] = comm.allreduce(u, np.empty_like(u))     # wraps modulo 2**32
+            res["avg_i"] = comm.allreduce(x["i"], np.empty_like(x["i"]), op="avg")
+            res["gather"] = comm.gather(x["i"][:100], np.empty(200, np.int32) if r == 0
+                                        else None)
+            res["scatter"] = comm.scatter(x["i"][:200] if r == 1 else None,
+                                          np.empty(100, np.int32), root=1)
+            cnt = [[3, 5], [7, 2]]
+            rc = [cnt[0][r], cnt[1][r]]
+            res["a2av"] = comm.alltoallv(x["i"][:sum(cnt[r])], cnt[r],
+                                         np.empty(sum(rc), np.int32), rc)
+            comm.barrier()
+            got = np.zeros(50, np.int32)
+            if r == 0:
+                comm.send(x["i"][:50], 1)
+            else:
+                comm.recv(got, 0)
+            res["p2p"] = got
         return res
 
     got = _world(board, body, memory=memory)
@@ -100,6 +121,19 @@ def test_collectives_through_the_queues(board, memory):
         assert np.array_equal(got[r]["bcast"], xs[1]["i"])
         assert np.array_equal(got[r]["ag"], np.concatenate([x["i"][:200] for x in xs]))
         assert got[r]["cycles"] > 0
+        if memory == "host":
+            u = [got[k]["u32"] for k in range(WORLD)]
+            assert got[r]["ar_u32"].tobytes() == (u[0] + u[1]).tobytes()
+            assert got[r]["avg_i"].tolist() == [v // 2 if v >= 0 else -(-v // 2)
+                                                for v in ints.tolist()]
+            assert np.array_equal(got[r]["scatter"], xs[1]["i"][r * 100:(r + 1) * 100])
+            want = {0: np.concatenate([xs[0]["i"][:3], xs[1]["i"][:7]]),
+                    1: np.concatenate([xs[0]["i"][3:8], xs[1]["i"][7:9]])}[r]
+            assert np.array_equal(got[r]["a2av"], want)
+    if memory == "host":
+        assert np.array_equal(got[0]["gather"], np.concatenate([x["i"][:100] for x in xs]))
+        assert got[1]["gather"] is None
+        assert np.array_equal(got[1]["p2p"], xs[0]["i"][:50])
 
 
 SCRIPT = textwrap.dedent("""

@@ -61,6 +61,36 @@ def test_root_out_of_range(comm) -> None:
     assert _arg(e) == "root"
 
 
+def test_gather_and_scatter_name_their_arguments(comm) -> None:
+    x = np.arange(4, dtype=np.int32)
+    with pytest.raises(InvalidArgumentError) as e:
+        comm.gather(x)                       # the root needs a receive buffer
+    assert _arg(e) == "recvbuf"
+    with pytest.raises(CountMismatchError) as e:
+        comm.gather(x, np.zeros(5, np.int32))
+    assert _arg(e) == "recvbuf"
+    with pytest.raises(DtypeMismatchError) as e:
+        comm.gather(x, np.zeros(4, np.int64))
+    assert _arg(e) == "recvbuf"
+    with pytest.raises(InvalidArgumentError) as e:
+        comm.gather(x, np.zeros(4, np.int32), root=1)
+    assert _arg(e) == "root"
+    with pytest.raises(CountMismatchError) as e:
+        comm.scatter(x, np.zeros(3, np.int32))
+    assert _arg(e) == "sendbuf"
+    with pytest.raises(InvalidArgumentError) as e:
+        comm.scatter(None, np.zeros(4, np.int32))   # the root has to send something
+    assert _arg(e) == "sendbuf"
+    with pytest.raises(InvalidArgumentError) as e:
+        comm.scatter(x, None)
+    assert _arg(e) == "recvbuf"
+    with pytest.raises(InvalidArgumentError) as e:
+        comm.scatter(x, np.zeros(4, np.int32), root=-1)
+    assert _arg(e) == "root"
+    assert comm.gather(x, np.zeros(4, np.int32)).tolist() == [0, 1, 2, 3]
+    assert comm.scatter(x, np.zeros(4, np.int32)).tolist() == [0, 1, 2, 3]
+
+
 def test_non_contiguous_and_non_buffers(comm) -> None:
     with pytest.raises(InvalidArgumentError) as e:
         comm.allreduce(np.zeros(8, np.float32)[::2])
@@ -81,8 +111,8 @@ def test_non_contiguous_and_non_buffers(comm) -> None:
 
 def test_ops_dtypes_and_algorithms(comm) -> None:
     with pytest.raises(InvalidArgumentError) as e:
-        comm.allreduce(np.zeros(4), op="avg")
-    assert _arg(e) == "op"
+        comm.allreduce(np.zeros(4), op="mean")
+    assert _arg(e) == "op" and "avg" in str(e.value)
     with pytest.raises(UnsupportedError) as e:
         comm.allreduce(np.zeros(4, np.float32), op="bxor")
     assert _arg(e) == "op"

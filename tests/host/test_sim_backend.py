@@ -1,8 +1,9 @@
 """The sim backend: one user script, run unchanged by ``fpgaccl run -n 4`` on the software
 backend and on ``--backend sim`` (four HDL nodes of the standard Verilator cluster behind
-the simulation server): every collective with a library program bit-exact against numpy
-for integers and bit-identical to the software backend for every dtype; unsupported
-calls raise typed errors naming the argument."""
+the simulation server): every collective with a library program (gather and scatter, every
+op on uint16/32/64 with wraparound, and avg included) bit-exact against numpy for integers
+and bit-identical to the software backend for every dtype; unsupported calls raise typed
+errors naming the argument."""
 
 from __future__ import annotations
 
@@ -50,6 +51,31 @@ SCRIPT = textwrap.dedent("""
     comm.broadcast(b, root=1)
     res["broadcast_i"] = b
     res["alltoall_i"] = comm.alltoall(xi, np.empty_like(xi))
+    res["gather_i"] = comm.gather(xi[:300], np.empty(300 * p, np.int32) if r == 3 else None,
+                                  root=3)
+    res["scatter_i"] = comm.scatter(xi if r == 0 else None, np.empty(n // p, np.int32), root=0)
+    res["avg_f"] = comm.allreduce(xf, np.empty_like(xf), op="avg")
+    # send/recv around the ring; on the HDL a send waits for its receiver, so odd ranks
+    # receive first
+    got = np.empty(500, np.int32)
+    if r % 2 == 0:
+        comm.send(xi[:500], (r + 1) % p)
+        comm.recv(got, (r - 1) % p)
+    else:
+        comm.recv(got, (r - 1) % p)
+        comm.send(xi[:500], (r + 1) % p)
+    res["sendrecv_i"] = got
+    # MoE-style uneven blocks: rank i sends (i + 2 j) % 5 * 7 elements to rank j
+    cnt = [[(i + 2 * j) % 5 * 7 for j in range(p)] for i in range(p)]
+    recvcounts = [cnt[i][r] for i in range(p)]
+    res["alltoallv_i"] = comm.alltoallv(xi[:sum(cnt[r])], cnt[r],
+                                        np.empty(sum(recvcounts), np.int32), recvcounts)
+    res["reduce_scatter_avg_i"] = comm.reduce_scatter(xi, np.empty(n // p, np.int32), op="avg")
+    for dt in (np.uint16, np.uint32, np.uint64):
+        x = rng.integers(0, np.iinfo(dt).max, 40, dtype=dt, endpoint=True)  # sums wrap
+        res[f"in_{dt.__name__}"] = x
+        for op in ("sum", "prod", "min", "max", "band", "bor", "bxor", "avg"):
+            res[f"allreduce_{dt.__name__}_{op}"] = comm.allreduce(x, np.empty_like(x), op=op)
     if comm.backend == "sim":
         try:
             comm.allreduce(xi, np.empty_like(xi), algo="tree")
@@ -115,6 +141,29 @@ def test_same_script_on_sim_and_software(cluster, tmp_path):
         assert s["alltoall_i"].tobytes() == want.tobytes()
         if r == 2:
             assert s["reduce_i"].tobytes() == total.tobytes()
+        if r == 3:
+            assert s["gather_i"].tobytes() == np.concatenate([x[:300] for x in xi]).tobytes()
+        else:
+            assert "gather_i" not in s
+        assert s["scatter_i"].tobytes() == xi[0][r * m:(r + 1) * m].tobytes()
+        assert s["sendrecv_i"].tobytes() == xi[(r - 1) % p][:500].tobytes()
+        cnt = [[(i + 2 * j) % 5 * 7 for j in range(p)] for i in range(p)]
+        want = np.concatenate([xi[i][sum(cnt[i][:r]):sum(cnt[i][:r + 1])] for i in range(p)])
+        assert s["alltoallv_i"].tobytes() == want.tobytes()
+        want = total[r * m:(r + 1) * m]
+        assert s["reduce_scatter_avg_i"].tolist() == [
+            v // p if v >= 0 else -(-v // p) for v in want.tolist()]
+        for dt in ("uint16", "uint32", "uint64"):
+            ins = [sim[i][f"in_{dt}"] for i in range(p)]
+            for op, fn in (("sum", np.add), ("prod", np.multiply), ("min", np.minimum),
+                           ("max", np.maximum), ("band", np.bitwise_and),
+                           ("bor", np.bitwise_or), ("bxor", np.bitwise_xor)):
+                acc = ins[0].copy()
+                for x in ins[1:]:
+                    fn(acc, x, out=acc)   # wraps modulo 2**bits, as the engine does
+                assert s[f"allreduce_{dt}_{op}"].tobytes() == acc.tobytes(), (dt, op)
+                if op == "sum":
+                    assert s[f"allreduce_{dt}_avg"].tolist() == [v // p for v in acc.tolist()]
         assert str(s["tree_error"]) == "algo"
         assert int(s["cycles"]) > 0
         # Bit-identical to the software backend, floats included.

@@ -94,3 +94,48 @@ def test_reduce_bytes_little_endian():
     b = np.array([10, -2, 7], "<i2").tobytes()
     assert np.frombuffer(reduce_bytes(DType.INT16, ReduceOp.SUM, a, b), "<i2").tolist() \
         == [11, 0, 10]
+
+
+@pytest.mark.parametrize("dtype", [d for d in DType if not d.is_float])
+@pytest.mark.parametrize("n", [1, 3, 7, 200])
+def test_integer_average_divides_the_wrapped_sum_toward_zero(dtype, n):
+    from fpgaccl.proto.reduce import average_reference
+    nt = dtype.numpy_dtype()
+    info = np.iinfo(nt)
+    rng = np.random.default_rng(int(dtype) * 1000 + n)
+    x = rng.integers(info.min, info.max, 500, dtype=nt, endpoint=True)
+    x[:4] = [info.min, info.max, 0, info.min + 1 if dtype.is_signed else 1]
+    got = average_reference(dtype, x, n)
+    want = [v // n if v >= 0 else -(-v // n) for v in x.tolist()]   # Python ints: exact
+    assert got.dtype == nt and got.tolist() == want
+    # The sum wraps first: n copies of the maximum average to what their wrapped sum gives.
+    summed = reduce_reference(dtype, ReduceOp.SUM, x, x)
+    assert average_reference(dtype, summed, 2).tolist() == [
+        (v // 2 if v >= 0 else -(-v // 2)) for v in summed.tolist()]
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("n", [1, 3, 5, 8])
+def test_float_average_is_a_product_by_the_rounded_reciprocal(dtype, n):
+    from fpgaccl.proto.reduce import average_reference, average_scale
+    nt = dtype.numpy_dtype()
+    bits = np.dtype(f"uint{dtype.bits}")
+    rng = np.random.default_rng(int(dtype) * 10 + n)
+    # Random bit patterns: NaN payloads, infinities, subnormals, signed zeros.
+    x = rng.integers(0, 1 << dtype.bits, 2000, dtype=np.uint64).astype(bits).view(nt)
+    r = average_scale(dtype, n)
+    assert r.dtype == nt and float(r) == float(np.asarray(1 / n).astype(nt))
+    got = average_reference(dtype, x, n)
+    want = reduce_reference(dtype, ReduceOp.PROD, x, np.full(x.shape, r, nt))
+    assert got.view(bits).tobytes() == want.view(bits).tobytes()
+    info = dtype.info
+    eps = 2.0 ** -info.frac_bits
+    tiny = 2.0 ** (2 - (1 << (info.exp_bits - 1)) - info.frac_bits)  # smallest subnormal
+    with np.errstate(invalid="ignore"):
+        wide, got64 = x.astype(np.float64), got.astype(np.float64)
+    finite = np.isfinite(wide)
+    # Within two roundings of the true quotient (1/n was rounded first).
+    exact = wide[finite] / n
+    assert np.all(np.abs(got64[finite] - exact) <= 2 * eps * np.abs(exact) + tiny)
+    with pytest.raises(ValueError):
+        average_reference(dtype, x, 0)

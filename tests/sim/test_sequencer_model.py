@@ -150,6 +150,23 @@ def test_alltoall(world):
             np.testing.assert_array_equal(o, want)
 
 
+@pytest.mark.parametrize("world", WORLDS)
+@pytest.mark.parametrize("root", [0, 2])
+@pytest.mark.parametrize("n", [1, 4, 23])
+def test_gather_and_scatter(world, root, n):
+    root %= world
+    n *= world
+    xs = _inputs(world, n, seed=world * 7 + root + n)
+    cs = n // world
+    for seed in SEEDS:
+        outs = _run([P.gather(r, world, root) for r in range(world)], xs, seed=seed)
+        want = np.concatenate([xs[r][r * cs:(r + 1) * cs] for r in range(world)])
+        np.testing.assert_array_equal(outs[root], want)
+        outs = _run([P.scatter(r, world, root) for r in range(world)], xs, seed=seed)
+        for r, o in enumerate(outs):
+            np.testing.assert_array_equal(o[r * cs:(r + 1) * cs], xs[root][r * cs:(r + 1) * cs])
+
+
 @pytest.mark.parametrize("world,rows", [(4, 2), (6, 2), (6, 3), (8, 2), (8, 4)])
 def test_hierarchical_allreduce_is_just_a_program(world, rows):
     xs = _inputs(world, 45, seed=world * rows)
@@ -183,3 +200,20 @@ def test_deadlock_is_reported():
     prog = [P.Instr(SeqOp.SETUP, step=1), P.Instr(SeqOp.RECV, peer=1, step=0), P.DONE]
     with pytest.raises(ProgramError, match="deadlock"):
         _run([prog, prog], _inputs(2, 4))
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4, 5, 7, 8, 9, 16])
+def test_barrier_waits_for_every_rank(world):
+    """Every rank gets through a barrier all ranks enter; where one rank never enters
+    (its program ends at once), no other rank gets through."""
+    n = P.barrier_elements(world)
+    xs = _inputs(world, n, seed=world)
+    for seed in SEEDS:
+        _run([P.barrier(r, world) for r in range(world)], xs, seed=seed)
+    for late in range(world if world > 1 else 0):
+        progs = [P.barrier(k, world) for k in range(world)]
+        progs[late] = [P.Instr(SeqOp.SETUP, step=1), P.DONE]
+        model = SequencerModel(progs, xs, DType.INT32, ReduceOp.SUM, seed=late)
+        with pytest.raises(ProgramError, match="deadlock"):
+            model.run()
+        assert not any(r.done for k, r in enumerate(model.ranks) if k != late)

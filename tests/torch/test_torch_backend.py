@@ -246,7 +246,7 @@ def test_groups_and_typed_errors(world) -> None:
         assert torch.equal(res[r]["new_group_world"], torch.full((3,), float(sum(range(p)))))
         assert res[r]["tag"] == ("UnsupportedError", "tag")
         assert res[r]["bool"] == ("UnsupportedError", "tensors")
-        assert res[r]["uint16"] == ("UnsupportedError", "tensors")
+        assert res[r]["float8"] == ("UnsupportedError", "tensors")
         assert res[r]["coalesced"] == ("UnsupportedError", "input_tensor_list")
     for r in range(p):
         sub = res[r]["subgroups"]

@@ -16,7 +16,8 @@ import torch
 import torch.distributed as dist
 
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8,
-          torch.int16, torch.int32, torch.int64, torch.uint8]
+          torch.int16, torch.int32, torch.int64, torch.uint8, torch.uint16, torch.uint32,
+          torch.uint64]
 OPS = {"sum": dist.ReduceOp.SUM, "product": dist.ReduceOp.PRODUCT, "min": dist.ReduceOp.MIN,
        "max": dist.ReduceOp.MAX, "avg": dist.ReduceOp.AVG}
 N = 37  # odd, so no collective divides it evenly by accident
@@ -29,7 +30,7 @@ def make_input(rank: int, key: str, dtype: torch.dtype = torch.float32, n: int =
     g = torch.Generator().manual_seed(zlib.crc32(f"{rank}/{key}".encode()))
     if dtype.is_floating_point:
         return (torch.rand(n, generator=g, dtype=torch.float64) + 0.5).to(dtype)
-    lo = 0 if dtype == torch.uint8 else -3
+    lo = 0 if not dtype.is_signed else -3
     return torch.randint(lo, 4, (n,), generator=g, dtype=torch.int64).to(dtype)
 
 
@@ -178,7 +179,7 @@ def collectives(rank: int, p: int) -> dict[str, Any]:
     out["subgroups"] = _subgroups(rank, p)
     out["tag"] = _error(lambda: dist.send(torch.ones(1), (rank + 1) % p, tag=7))
     out["bool"] = _error(lambda: dist.all_reduce(torch.ones(2, dtype=torch.bool)))
-    out["uint16"] = _error(lambda: dist.broadcast(torch.ones(2, dtype=torch.uint16), 0))
+    out["float8"] = _error(lambda: dist.broadcast(torch.ones(2, dtype=torch.float8_e5m2), 0))
     out["coalesced"] = _error(lambda: dist.all_gather_coalesced([[torch.ones(2)] * p],
                                                                 [torch.ones(2)]))
     dist.barrier()
