@@ -226,6 +226,7 @@ def test_the_flight_record_holds_each_calls_signature_and_state() -> None:
              "root": 1, "state": "done"},
             {"seq": 3, "name": "allreduce", "count": 8, "dtype": "FLOAT64", "op": "SUM",
              "root": None, "state": "done"},
-            {"seq": 4, "name": "barrier", "count": None, "dtype": None, "op": None,
+            # A barrier is a program over a token of whole 64-bit words: its signature's.
+            {"seq": 4, "name": "barrier", "count": 1, "dtype": "UINT64", "op": None,
              "root": None, "state": "done"}]
         assert got[-1]
