@@ -11,8 +11,9 @@ is unchanged by the measurement, but for those wrappers' cost of about 1 us a ca
 * ``end``: the program returns (its last wait is over);
 * ``return``: ``allreduce`` returns to the caller.
 
-Between ``start`` and ``end`` it also sums the time the engine slept in ``poll`` (the
-wire and the peers, as this rank saw them) and counts the datagrams each call sent and
+Between ``start`` and ``end`` it also sums the time the thread that runs the program
+slept (in ``poll``, or in the driving caller's wait: the wire and the peers, as this
+rank saw them) and counts the datagrams each call sent and
 received. Then each rank stays idle for ``--idle-s`` seconds and measures its own CPU
 time meanwhile (all threads): an idle communicator must not spin.
 
@@ -35,6 +36,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -66,6 +68,7 @@ class _Stamps:
         self.sleeps = np.zeros(n, np.int64)
         self.i = -1  # the call being stamped; -1: none (warm-up)
         self.in_program = False
+        self.tid = 0  # the thread the program runs on: only its waits count
 
 
 def _instrument(st: _Stamps) -> None:
@@ -88,6 +91,7 @@ def _instrument(st: _Stamps) -> None:
             if i >= 0:
                 st.t[i, 2] = ns()
                 st.in_program = True
+                st.tid = threading.get_ident()
             try:
                 yield from program
             finally:
@@ -111,7 +115,8 @@ def _instrument(st: _Stamps) -> None:
             return self.p.modify(*a)
 
         def poll(self, timeout=None):
-            if not timeout or not st.in_program or st.i < 0:
+            if not timeout or not st.in_program or st.i < 0 or \
+                    threading.get_ident() != st.tid:
                 return self.p.poll(timeout)
             t = ns()
             try:
@@ -127,7 +132,7 @@ def _instrument(st: _Stamps) -> None:
             wait = drive_wait(self)
 
             def timed(ms: int) -> bool:
-                if not st.in_program or st.i < 0:
+                if not st.in_program or st.i < 0 or threading.get_ident() != st.tid:
                     return wait(ms)
                 t = ns()
                 try:

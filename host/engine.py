@@ -63,6 +63,8 @@ fails: the HDL requester's ``max_retries``. With the software ``rto_s`` of 50 ms
 backoff that is ~3 s, so the peer timeout usually trips first; the limit bounds a peer
 whose timer is long (a large ``rto_s``) or a ``peer_timeout_s`` of None."""
 LIVENESS_POLL_S = 0.05
+PARK_S = 0.002
+"""How often the engine thread looks whether a caller still drives the loop."""
 SPIN_S = 50e-6
 """How long a caller that drives the loop (:meth:`Engine._drive`) yields and looks
 again before it sleeps in poll: about two one-way hops on loopback here."""
@@ -275,7 +277,21 @@ class Engine:
                                       f"{failed}"))
             return job
         self.jobs.submitted.append(job)
-        self._wake()
+        if self._running and threading.get_ident() != self._thread_id and \
+                self._loop_lock.acquire(False):
+            # The loop is free: start the job here (its first messages leave now), and
+            # leave the rest to whoever waits for it, or to the engine thread, which the
+            # replies wake; no wake-up of that thread on every call.
+            try:
+                turn = self._turn
+                while turn(False) and not self._stop and not job.event.is_set():
+                    pass
+            except BaseException as e:
+                self._die(e)
+            finally:
+                self._let_go()
+        else:
+            self._wake()
         return job
 
     def _wake(self) -> None:
@@ -388,16 +404,28 @@ class Engine:
             for sock in self._rx_socks:
                 poller.register(sock, select.POLLIN)
             poller.register(self._wake_r, select.POLLIN)
+            parked = select.poll()
+            parked.register(self._wake_r, select.POLLIN)
             wake_fd = self._wake_r.fileno()
             self._running = True
             while not self._stop:
-                with lock:
+                if not lock.acquire(False):
+                    # A caller drives the loop and reads the sockets: wait on the
+                    # wake-ups alone, and look again soon (the caller wakes no one when
+                    # it lets go, so a call costs this thread no wake-up).
+                    self._sleep_until = time.monotonic() + PARK_S
+                    if parked.poll(int(PARK_S * 1000)):
+                        self._drain_wake()
+                    continue
+                try:
                     turn = self._turn
                     while turn() and not self._handoff and not self._stop:
                         pass
                     now = time.monotonic()
                     ms = self._poll_ms(now)
                     self._sleep_until = now + ms / 1000
+                finally:
+                    lock.release()
                 # Yield before sleeping: on a shared CPU the peer this loop waits for
                 # often runs then, and its datagram is here without the wake-up's cost
                 # to both (the sender's system call wakes a sleeping receiver).
@@ -420,10 +448,11 @@ class Engine:
         self._stop = True
         self.jobs.finish_all(error)
 
-    def _turn(self) -> bool:
+    def _turn(self, bulk: bool = True) -> bool:
         """One turn of the loop, by whichever thread holds ``_loop_lock``: take what
         arrived, send what is due, resume the jobs whose waits are over. Whether it did
-        anything (True: turn again); when it did not, it may have waited in ``fp_bulk``."""
+        anything (True: turn again); when it did not, it may have waited in ``fp_bulk``
+        (not with ``bulk`` False)."""
         if len(self._qps) != len(self.by_peer):
             self._qps = list(self.by_peer.values())
         qps = self._qps
@@ -460,7 +489,7 @@ class Engine:
             if jobs.sequence(now):
                 # What a job posted or yields next may be done already.
                 self.seq_due = busy = True
-        if not busy and self._bulk is not None:
+        if not busy and bulk and self._bulk is not None:
             stop = self.receiver.bulk(self._bulk, qps, now)
             if stop:  # it waited, doing the steady state's work meanwhile
                 self._bulk_stop = stop
@@ -506,14 +535,25 @@ class Engine:
         except BaseException as e:
             self._die(e)
         finally:
+            self._let_go()
+
+    def _let_go(self) -> None:
+        """Release the loop a caller held: what is due at once (an ACK, a credit) is sent
+        here first; the engine thread is woken only where it sleeps past its next timer."""
+        try:
+            if not self._stop and (self.jobs.submitted or any(
+                    qp.ack_pending or qp.has_work() for qp in self._qps)):
+                while self._turn(False) and not self._stop:
+                    pass
             now = time.monotonic()
-            wake = self.jobs.submitted or any(qp.ack_pending or qp.has_work()
-                                              for qp in self._qps)
-            if not wake and self._sleep_until:
-                wake = self._sleep_until > now + self._poll_ms(now) / 1000
-            lock.release()
-            if wake:  # the engine thread sleeps past what is now due
-                self._wake()
+            late = self._sleep_until > now + self._poll_ms(now) / 1000
+        except BaseException as e:
+            self._die(e)
+            late = True
+        finally:
+            self._loop_lock.release()
+        if late:
+            self._wake()
 
     def _drive_wait(self) -> Callable[[int], bool]:
         """``wait(ms)`` for a driving caller: whether a receive socket or the wake-up
