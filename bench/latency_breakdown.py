@@ -69,6 +69,7 @@ class _Stamps:
         self.i = -1  # the call being stamped; -1: none (warm-up)
         self.in_program = False
         self.tid = 0  # the thread the program runs on: only its waits count
+        self.wakes = 0  # wake-ups of the engine thread (a byte on its socket pair)
 
 
 def _instrument(st: _Stamps) -> None:
@@ -126,6 +127,14 @@ def _instrument(st: _Stamps) -> None:
                 st.sleeps[st.i] += 1
 
     engine_mod.Engine.submit = stamped_submit
+    wake = engine_mod.Engine._wake
+
+    def counted_wake(self):
+        if st.i >= 0:
+            st.wakes += 1
+        return wake(self)
+
+    engine_mod.Engine._wake = counted_wake
     drive_wait = getattr(engine_mod.Engine, "_drive_wait", None)
     if drive_wait is not None:  # a caller that drives the loop waits here, not in poll
         def timed_drive_wait(self):
@@ -187,6 +196,7 @@ def _worker(args: argparse.Namespace) -> None:
            "parts_median_us": [float(np.median(p)) for p in parts],
            "parts_mean_us": [float(np.mean(p)) for p in parts],
            "sleeps_per_call": float(st.sleeps.mean()),
+           "engine_wakeups_per_call": st.wakes / args.iters,
            "per_call": moved, "idle_cpu_fraction": idle}
     Path(args.out, f"rank{rank}.json").write_text(json.dumps(out))
     fc.close()
@@ -226,6 +236,8 @@ def _table(ranks: list[dict]) -> None:
     print(f"{'call (mean)':48} " + " ".join(f"{r['mean_call_us']:8.1f}" for r in ranks))
     print(f"{'sleeps (engine poll or caller wait) per call':48} " +
           " ".join(f"{r['sleeps_per_call']:8.2f}" for r in ranks))
+    print(f"{'engine thread wake-ups per call':48} " +
+          " ".join(f"{r['engine_wakeups_per_call']:8.2f}" for r in ranks))
     for key in ("tx_packets", "rx_packets", "acks_tx"):
         print(f"{key + ' per call':48} " + " ".join(f"{r['per_call'][key]:8.2f}" for r in ranks))
     print(f"{'idle CPU, % of a core':48} " +
