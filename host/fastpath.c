@@ -818,3 +818,42 @@ int fp_bulk(bulk_t *b) {
 
 /* sizeof(bulk_t), checked against the ctypes mirror at load. */
 uint32_t fp_bulk_size(void) { return (uint32_t)sizeof(bulk_t); }
+
+/* Wait for any of fds[0..n) to be readable: first a spin of sched_yield() and poll(0) for
+ * up to spin_ns nanoseconds (the answer a caller waits for is often a few microseconds
+ * away, and a sleep costs a wake-up on both sides), then poll() for up to timeout_ms.
+ * Here, not in Python: the spin must not hold the GIL the process's other threads need.
+ * Returns a bit mask of the readable fds (n <= 32), 0 on a timeout, -errno on an error. */
+int64_t fp_wait(const int32_t *fds, uint32_t n, uint64_t spin_ns, int32_t timeout_ms) {
+    struct pollfd p[32];
+    if (n > 32)
+        return -EINVAL;
+    for (uint32_t i = 0; i < n; i++) {
+        p[i].fd = fds[i];
+        p[i].events = POLLIN;
+        p[i].revents = 0;
+    }
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    int got = 0;
+    for (;;) {
+        sched_yield();
+        got = poll(p, n, 0);
+        if (got != 0)
+            break;
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        uint64_t spent = (uint64_t)(t.tv_sec - t0.tv_sec) * 1000000000u +
+                         (uint64_t)(t.tv_nsec - t0.tv_nsec);
+        if (spent >= spin_ns)
+            break;
+    }
+    if (got == 0)
+        got = poll(p, n, timeout_ms);
+    if (got < 0)
+        return errno == EINTR ? 0 : -errno;
+    int64_t mask = 0;
+    for (uint32_t i = 0; i < n; i++)
+        if (p[i].revents)
+            mask |= (int64_t)1 << i;
+    return mask;
+}

@@ -42,14 +42,18 @@ between 1 and 1.25 deadlines without any."""
 class Latch:
     """A one-shot event for one setter (the engine thread) and any waiters: a lock held
     until set. ``threading.Event`` builds a Condition and a fresh lock on every wait; a
-    small collective pays for both twice, a bare lock costs one futex each side."""
+    small collective pays for both twice, a bare lock costs one futex each side.
 
-    __slots__ = ("_lock", "_set")
+    ``driver(latch, timeout)``, where set, is called by a waiter first: it may do the
+    work that sets the latch on the waiter's own thread (:meth:`Engine._drive`)."""
+
+    __slots__ = ("_lock", "_set", "driver")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._lock.acquire()
         self._set = False
+        self.driver: Callable[[Latch, float | None], None] | None = None
 
     def set(self) -> None:
         if not self._set:
@@ -62,6 +66,13 @@ class Latch:
     def wait(self, timeout: float | None = None) -> bool:
         if self._set:
             return True
+        if self.driver is not None:
+            end = None if timeout is None else time.monotonic() + timeout
+            self.driver(self, timeout)
+            if self._set:
+                return True
+            if end is not None:
+                timeout = end - time.monotonic()
         if self._lock.acquire(timeout=-1 if timeout is None else max(timeout, 0.0)):
             self._lock.release()  # the next waiter gets through too
             return True

@@ -132,6 +132,9 @@ class Fastpath:
         self.bulk = lib.fp_bulk
         self.bulk.argtypes = [ctypes.POINTER(Bulk)]
         self.bulk.restype = ctypes.c_int
+        self.wait = lib.fp_wait
+        self.wait.argtypes = [ctypes.c_void_p, _u32, ctypes.c_uint64, ctypes.c_int32]
+        self.wait.restype = ctypes.c_int64
         size = lib.fp_bulk_size
         size.restype = _u32
         if size() != ctypes.sizeof(Bulk):

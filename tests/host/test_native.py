@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ctypes
 import socket
+import time
 
 import numpy as np
 import pytest
@@ -134,3 +135,24 @@ def test_take_runs_lands_payloads_exactly_at_any_alignment(shift: int) -> None:
     assert ackreq.value == wire.ACKREQ
     assert np.array_equal(dst[shift:shift + 9 * mtu], payloads[:9].reshape(-1))
     assert (dst[:shift] == 0xAA).all() and (dst[shift + 9 * mtu:] == 0xAA).all()
+
+
+def test_wait_reports_the_readable_sockets_and_times_out_when_none_is() -> None:
+    fp = native.load()
+    if fp is None:
+        pytest.skip(f"no C fast path: {native.reason}")
+    a, b = socket.socketpair()
+    c, d = socket.socketpair()
+    try:
+        fds = (ctypes.c_int32 * 2)(a.fileno(), c.fileno())
+        t0 = time.monotonic()
+        assert fp.wait(fds, 2, 100_000, 30) == 0  # a 100 us spin, then the 30 ms sleep
+        assert time.monotonic() - t0 >= 0.025
+        d.send(b"x")
+        assert fp.wait(fds, 2, 100_000, 1000) == 0b10
+        b.send(b"y")
+        assert fp.wait(fds, 2, 0, 1000) == 0b11
+        assert fp.wait(fds, 33, 0, 0) < 0  # more sockets than it takes: -EINVAL
+    finally:
+        for s in (a, b, c, d):
+            s.close()
