@@ -253,9 +253,16 @@ class Engine:
         self._wake()
         if self._thread is not None:
             self._thread.join(5)
-        self.udp.close()
-        self._wake_r.close()
-        self._wake_w.close()
+        # A caller may be driving the loop (abort() comes from another thread): close the
+        # sockets only once it has seen _stop and let go, never under its feet.
+        held = threading.get_ident() != self._thread_id and self._loop_lock.acquire(timeout=5)
+        try:
+            self.udp.close()
+            self._wake_r.close()
+            self._wake_w.close()
+        finally:
+            if held:
+                self._loop_lock.release()
 
     @property
     def ack_delay_s(self) -> float:
