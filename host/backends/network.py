@@ -48,7 +48,9 @@ from ..rendezvous import exchange, master
 
 PAD_BYTES = 4096
 """Room each buffer keeps for the programs' chunk padding (as the DMA board's)."""
-POLL_S = 0.002
+POLL_S = (0.001, 0.05)
+"""Completion polls: the first wait, then doubling up to the second (each poll is a
+round trip the node must answer; a simulated node answers in its own slow time)."""
 
 
 def _ip_str(ip: int) -> str:
@@ -133,6 +135,7 @@ class NetworkNodePort:
         before = dev.csr_read_many(self._status, n)[-1]
         dev.csr_write([*writes, doorbell(self.rmap, coll_id & 0xFFFF)])
         end = time.monotonic() + deadline_s
+        wait = POLL_S[0]
         while True:
             regs = dev.csr_read_many(self._status, n)
             if regs[-1] != before:
@@ -141,7 +144,8 @@ class NetworkNodePort:
                 raise CollectiveTimeoutError(name, self.rank, deadline_s,
                                              f"the node at {dev.name} has not completed "
                                              f"it; ctrl.status {regs[0]:#x}")
-            time.sleep(POLL_S)
+            time.sleep(wait)
+            wait = min(2 * wait, POLL_S[1])
         status = self.rmap["ctrl"]["status"].decode(regs[0])
         if status["error"] or status["datapath"]:
             raise TransportError(f"rank {self.rank}: {name}: the node at {dev.name} ended "
