@@ -120,7 +120,7 @@ for i in range(5):
     raw.send(frame(mac_int(node_mac), other_ip)); sent["wrong_ip"] += 1
     time.sleep(0.2)
 # Each wrong-key request until the node has counted it: one that arrives while the control
-# endpoint serves the rank's requests is lost uncounted (the endpoint takes one at a time).
+# endpoint serves the rank's requests is dropped as busy (a count no register shows yet).
 lost, key_base = 0, counters(dev)["control_key"]
 for i in range(5):
     for attempt in range(20):
