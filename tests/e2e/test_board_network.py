@@ -40,8 +40,8 @@ WORLD = 4
 SIZES = (1024, 16 * 1024, 256 * 1024)
 READY_S = 300
 RUN_S = 1200
-"""The world's limit: on an idle 2-core machine it takes well under a minute; this one
-is often loaded several times over by parallel builds."""
+"""The world's limit: it ran 350-780 s on the shared 2-core VM, loaded 4-13 times over
+by parallel builds (every frame crosses the TAP bridge beat by beat in Python)."""
 
 RANK = r"""
 import json, sys, time
@@ -290,7 +290,9 @@ def test_world_of_software_ranks_and_network_nodes(net, tmp_path):
     delta = {k: inj["after"][k] - inj["before"][k] for k in inj["after"]}
     assert delta["not_for_us"] == sent["wrong_mac"] + sent["wrong_ip"], (delta, sent)
     assert delta["control_key"] == sent["wrong_key"] - inj["lost_busy"] == 5, (delta, inj)
-    assert summ[2]["drops"]["control_key"] >= sent["wrong_key"], summ[2]["drops"]
+    # The run summary (the rank's drop counters, read at its end) shows them too.
+    assert summ[2]["drops"]["control_key"] >= 5, summ[2]["drops"]
+    assert summ[2]["drops"]["not_for_us"] >= sent["wrong_mac"] + sent["wrong_ip"]
 
     if capture is not None:
         from fpgaccl.host.tshark import decode
@@ -300,8 +302,10 @@ def test_world_of_software_ranks_and_network_nodes(net, tmp_path):
             kinds[f.protocols] = kinds.get(f.protocols, 0) + 1
             assert not f.malformed, f
         print(f"tshark: {len(frames)} frames: {kinds}")
+        # RoCE (with or without payload), the control port (plain UDP), ARP, the
+        # injected ICMP frames.
         allowed = {"eth:ethertype:arp", "eth:ethertype:ip:udp:infiniband",
-                   "eth:ethertype:ip:udp:data", "eth:ethertype:ip:icmp:data",
-                   "eth:ethertype:ip:icmp"}
+                   "eth:ethertype:ip:udp:infiniband:data", "eth:ethertype:ip:udp:data",
+                   "eth:ethertype:ip:icmp:data", "eth:ethertype:ip:icmp"}
         assert set(kinds) <= allowed, kinds
-        assert kinds.get("eth:ethertype:ip:udp:infiniband", 0) > 100, kinds
+        assert kinds.get("eth:ethertype:ip:udp:infiniband:data", 0) > 1000, kinds
