@@ -40,7 +40,7 @@ WORLD = 4
 SIZES = (1024, 16 * 1024, 256 * 1024)
 READY_S = 300
 RUN_S = 1200
-"""The world's limit: it ran 350-780 s on the shared 2-core VM, loaded 4-13 times over
+"""The world's limit: it ran 270-780 s on the shared 2-core VM, loaded 4-13 times over
 by parallel builds (every frame crosses the TAP bridge beat by beat in Python)."""
 
 RANK = r"""
