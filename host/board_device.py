@@ -29,8 +29,8 @@ from .driver import PageEntry, Writes
 
 BOARD_ENV = "FPGACCL_BOARD"
 """``sim:PATH``: the simulated board listening at PATH; ``udp:ADDR[,ADDR...]``: nodes on
-the network, one address per rank (``HOST`` or ``HOST:PORT``), their key in
-:data:`KEY_ENV`."""
+the network (``HOST`` or ``HOST:PORT``), their key in :data:`KEY_ENV`: one address is
+this rank's node, a list has one per rank of the world."""
 KEY_ENV = "FPGACCL_BOARD_KEY"
 """The boards' control key, in hex."""
 
@@ -108,13 +108,18 @@ class SimDevice:
 class UdpDevice:
     """A node's registers and memory over its control port. Each call is one request
     (batches split to the node's ``max_body``); a request unanswered within
-    ``timeout_s`` is sent again with the same ``seq`` up to ``retries`` times -- the
-    node answers a retried write without executing it twice."""
+    ``timeout_s`` is sent again with the same ``seq`` up to ``retries`` times, each
+    time waiting twice as long (a node busy with RoCE traffic, or a simulated one on a
+    loaded host, answers late rather than never) -- the node answers a retried write
+    without executing it twice. ``ip_mtu``: the path's, which bounds a request's body
+    as the node's own ``max_body`` does."""
 
     def __init__(self, addr: str, key: int, *, port: int = ctl.CONTROL_PORT,
-                 timeout_s: float = 0.2, retries: int = 5) -> None:
+                 timeout_s: float = 0.2, retries: int = 5, ip_mtu: int = 1500) -> None:
         self.addr = (addr, port)
+        self.node = addr
         self.name = f"control port {addr}:{port}"
+        self.requests = self.resent = 0
         self.key, self.timeout_s, self.retries = key, timeout_s, retries
         self.seq = secrets.randbits(32)   # a restarted client must not look like a retry
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -124,14 +129,18 @@ class UdpDevice:
             self.sock.close()
             raise BackendUnavailableError(f"{self.name}: {e}") from e
         v = ctl.INFO.unpack(self.call(lambda seq: ctl.hello(seq, key)).body)
-        self.max_body = v["max_body"]
+        # A request larger than the path's IP MTU would go out as IP fragments, which
+        # the node drops: bodies are bounded by the link as well as by the node.
+        self.max_body = min(v["max_body"], ctl.max_body(ip_mtu + 14))
         self.info = {**v, "clock_ns": v["clock_ps"] / 1000}
         self.gpu_va_base = v["gpu_va_base"]
 
     @classmethod
     def from_spec(cls, addrs: str, node: int, key: str | None = None) -> UdpDevice:
-        hosts = [a for a in addrs.split(",") if a]
-        if not 0 <= node < len(hosts):
+        hosts = [a.strip() for a in addrs.split(",")]
+        if len(hosts) == 1:
+            node = 0   # each rank was given its own node
+        if not 0 <= node < len(hosts) or not hosts[node]:
             raise BackendUnavailableError(f"{BOARD_ENV} names {len(hosts)} node(s); "
                                           f"rank {node} has none")
         key = key if key is not None else os.environ.get(KEY_ENV, "")
@@ -147,19 +156,23 @@ class UdpDevice:
         seq, self.seq = self.seq, (self.seq + 1) % (1 << 32)
         req = make(seq)
         wire = ctl.encode(req)
-        for _ in range(self.retries + 1):
+        wait = self.timeout_s
+        for attempt in range(self.retries + 1):
+            self.requests += 1
+            self.resent += attempt > 0
             try:
                 self.sock.send(wire)
-                resp = self._answer(seq)
+                resp = self._answer(seq, wait)
             except ConnectionRefusedError as e:
                 raise BackendUnavailableError(f"{self.name}: nothing answers ({e})") from e
             except OSError as e:
                 raise TransportError(f"{self.name}: {e}") from e
             if resp is not None:
                 break
+            wait *= 2
         else:
             raise TransportError(f"{self.name}: no answer to {ctl.Op(req.op).name} seq {seq} "
-                                 f"after {self.retries + 1} tries of {self.timeout_s:g} s")
+                                 f"after {self.retries + 1} tries in {wait - self.timeout_s:g} s")
         if resp.status == ctl.Status.BAD_KEY:
             raise BackendUnavailableError(f"{self.name}: the node refuses our key ({KEY_ENV})")
         if resp.status != ctl.Status.OK:
@@ -167,10 +180,10 @@ class UdpDevice:
                                  f"{resp.status.name}")
         return resp
 
-    def _answer(self, seq: int) -> ctl.Message | None:
-        """The response to ``seq``, or None at the timeout; stray datagrams and late
+    def _answer(self, seq: int, timeout_s: float) -> ctl.Message | None:
+        """The response to ``seq``, or None after ``timeout_s``; stray datagrams and late
         answers to earlier requests are skipped."""
-        end = time.monotonic() + self.timeout_s
+        end = time.monotonic() + timeout_s
         while (left := end - time.monotonic()) > 0:
             self.sock.settimeout(left)
             try:
@@ -193,7 +206,17 @@ class UdpDevice:
             self.call(lambda seq, part=writes[i:i + per]: ctl.csr_write(seq, self.key, part))
 
     def csr_read(self, addr: int) -> int:
-        return ctl.words(self.call(lambda seq: ctl.csr_read(seq, self.key, addr)).body)[0]
+        return self.csr_read_many(addr, 1)[0]
+
+    def csr_read_many(self, addr: int, n: int) -> list[int]:
+        """``n`` consecutive registers from ``addr``, one request per ``max_body``."""
+        per = self.max_body // 4
+        out: list[int] = []
+        while len(out) < n:
+            at, k = addr + 4 * len(out), min(per, n - len(out))
+            out += ctl.words(self.call(lambda seq, a=at, c=k: ctl.csr_read(seq, self.key, a,
+                                                                             c)).body)
+        return out
 
     def host_write(self, iova: int, data: bytes) -> None:
         data = bytes(data)

@@ -70,6 +70,10 @@ def main(argv: list[str] | None = None) -> int:
                       help="put the TAP in this network namespace (created, and removed "
                            "at exit, if missing)")
     node.add_argument("--mac", default=None, help="the node's MAC (default 02:fc:cc:00:00:01)")
+    node.add_argument("--bridge", default=None, metavar="BR",
+                      help="join the TAP to this Linux bridge (created with the kernel's "
+                           "address if missing) instead of giving the TAP an address: "
+                           "several nodes and the host's ranks then share one link")
 
     from .build_cli import add_build_subcommand
     add_build_subcommand(sub)
@@ -90,7 +94,8 @@ def main(argv: list[str] | None = None) -> int:
                       **({"grace_s": args.grace} if args.grace is not None else {}))
     if args.command == "node":
         from fpgaccl.sim.tap import DEFAULT_MAC, run_node
-        return run_node(args.tap, args.ip, netns=args.netns, mac=args.mac or DEFAULT_MAC)
+        return run_node(args.tap, args.ip, netns=args.netns, mac=args.mac or DEFAULT_MAC,
+                        bridge=args.bridge)
     if args.command == "bench":
         from .bench import main as bench_main
         return bench_main(args)

@@ -61,7 +61,7 @@ class EthNode(wiring.Component):
         w = self.width
         m.submodules.node = node = self.node
         m.submodules.svc = svc = EthServices(
-            w, control={"key": self.key, "mem_log2": self.mem_log2})
+            w, control={"key": self.key, "mem_log2": self.mem_log2, "mtu": self.node.mtu})
         wiring.connect(m, wiring.flipped(self.rx), svc.rx)
         wiring.connect(m, svc.tx, wiring.flipped(self.tx))
         wiring.connect(m, svc.roce_rx, node.rx)

@@ -48,10 +48,12 @@ SERVER_MODULE = "fpgaccl.sim.servers.entry"
 WIDTH = 64
 MEM_LOG2 = 16
 """The node's memory: 64 KiB, all the control port can reach (beyond: OUT_OF_RANGE)."""
-NODE = {"qps": 2, "regions": 2, "imem_words": 64, "dtypes": (DType.FLOAT32,),
-        "ops": (ReduceOp.SUM,)}
-"""The smallest whole engine: this node proves the boundary, not collectives, and every
-dtype/op more is minutes more of Verilator build on a small machine."""
+NODE = {"qps": 4, "regions": 2, "imem_words": 64, "mtu": 1024,
+        "dtypes": (DType.INT32, DType.FLOAT32), "ops": (ReduceOp.SUM,)}
+"""A small whole engine: peers for a world of 4 (a QP per rank), the library programs of
+such a world (40 words at most), int32 and float32 sums; every dtype/op more is minutes
+more of Verilator build on a small machine. MTU 1024: a RoCE packet then fits a standard
+1500-byte Ethernet link (the TAP's, a board's)."""
 DEFAULT_MAC = "02:fc:cc:00:00:01"
 
 
@@ -159,15 +161,34 @@ def netns_exists(name: str) -> bool:
     return Path("/var/run/netns", name).exists()
 
 
-def attach(tap: str, netns: str | None, kernel_ip: str) -> None:
-    """Move the simulator's TAP into ``netns`` and give the kernel's side ``kernel_ip``."""
+def _no_ipv6(netns: str | None, dev: str) -> None:
+    subprocess.run([*(["ip", "netns", "exec", netns] if netns else []), "sysctl", "-qw",
+                    f"net.ipv6.conf.{dev}.disable_ipv6=1"], capture_output=True, timeout=30)
+
+
+def link_exists(netns: str | None, dev: str) -> bool:
+    cmd = ["ip", *(["-n", netns] if netns else []), "link", "show", "dev", dev]
+    return subprocess.run(cmd, capture_output=True, timeout=30).returncode == 0
+
+
+def attach(tap: str, netns: str | None, kernel_ip: str, bridge: str | None = None) -> None:
+    """Move the simulator's TAP into ``netns`` and give the kernel's side ``kernel_ip``:
+    on the TAP itself, or -- with ``bridge`` -- on that bridge (created if missing), the
+    TAP one of its ports."""
     if netns:
         _ip(None, "link", "set", "dev", tap, "netns", netns)
         _ip(netns, "link", "set", "dev", "lo", "up")
     # A moved device starts with the namespace's defaults again.
-    subprocess.run([*(["ip", "netns", "exec", netns] if netns else []), "sysctl", "-qw",
-                    f"net.ipv6.conf.{tap}.disable_ipv6=1"], capture_output=True, timeout=30)
-    _ip(netns, "addr", "add", f"{kernel_ip}/24", "dev", tap)
+    _no_ipv6(netns, tap)
+    if bridge:
+        if not link_exists(netns, bridge):
+            _ip(netns, "link", "add", "name", bridge, "type", "bridge")
+            _no_ipv6(netns, bridge)
+            _ip(netns, "addr", "add", f"{kernel_ip}/24", "dev", bridge)
+            _ip(netns, "link", "set", "dev", bridge, "up")
+        _ip(netns, "link", "set", "dev", tap, "master", bridge)
+    else:
+        _ip(netns, "addr", "add", f"{kernel_ip}/24", "dev", tap)
     _ip(netns, "link", "set", "dev", tap, "up")
 
 
@@ -180,7 +201,7 @@ def node_info(socket_path: str) -> dict[str, Any]:
 
 
 def run_node(tap: str, ip: str, *, netns: str | None = None, mac: str = DEFAULT_MAC,
-             out=print) -> int:
+             bridge: str | None = None, out=print) -> int:
     """``fpgaccl node``: serve the node on ``tap`` until SIGTERM/SIGINT; remove the TAP
     (it goes with the simulator) and a namespace this call created."""
     if os.geteuid() != 0:
@@ -205,9 +226,10 @@ def run_node(tap: str, ip: str, *, netns: str | None = None, mac: str = DEFAULT_
         proc = NodeProcess(tap=tap, ip=ip, mac=mac)
         sock = proc.wait_ready()
         kip = kernel_address(ip)
-        attach(tap, netns, kip)
+        attach(tap, netns, kip, bridge)
         info = node_info(sock)
-        where = f" in netns {netns}" if netns else ""
+        where = (f" in netns {netns}" if netns else "") + (f" on bridge {bridge}"
+                                                             if bridge else "")
         out(f"fpgaccl node: ready: MAC {mac_str(info['mac'])} IP {info['ip']} on {tap}{where} "
             f"(kernel side {kip}/24)", flush=True)
         while not stop and proc.proc.poll() is None:

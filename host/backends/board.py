@@ -40,6 +40,7 @@ from fpgaccl.proto.regmap import ENGINE_ID, REGMAP_VERSION, config_fields, defau
 from ..board_device import SimDevice
 from ..driver import Device, QueueDriver, check_completion
 from ..rendezvous import exchange, master
+from .network import NetworkNodePort
 from .registers import RegisterBackend
 
 RING_BASE = 0x0800_0000
@@ -50,13 +51,21 @@ BOARD_STAGE_BYTES = 64 * 1024
 """Each of the four buffers; the segment size."""
 
 
-def probe(dev: Any) -> dict[str, int]:
+def has_dma(dev: Any) -> bool:
+    """Whether the engine behind ``dev`` says it has the DMA engine (queues, windows):
+    a network-attached node (:class:`~fpgaccl.hw.eth_node.EthNode`) has not."""
+    at = default_map().address
+    return bool(default_map()["ctrl"]["features"].decode(
+        dev.csr_read(at("ctrl.features")))["dma"])
+
+
+def probe(dev: Any, *, dma: bool = True) -> dict[str, int]:
     """What the engine says it is, read from its registers as a driver does before it
     trusts any other address: ``ctrl.id``, ``ctrl.version`` and the build parameters in
     ``ctrl.config`` (qps, regions, imem_words, width in bits, mtu), and ``ctrl.features``.
     An engine of another register-map version, one without the DMA engine this backend
-    drives, or one that is not the build the device advertises (its ``info``), is
-    refused here rather than programmed through the wrong map."""
+    drives (``dma``), or one that is not the build the device advertises (its ``info``),
+    is refused here rather than programmed through the wrong map."""
     rmap = default_map()   # the ctrl block's addresses are the same in every build
     at = rmap.address
     node = getattr(dev, "node", "?")
@@ -69,7 +78,7 @@ def probe(dev: Any) -> dict[str, int]:
         raise BackendUnavailableError(
             f"engine {node}: its register map is version {version}, this runtime drives "
             f"version {REGMAP_VERSION}: build the bitstream from this fpgaccl")
-    if not rmap["ctrl"]["features"].decode(dev.csr_read(at("ctrl.features")))["dma"]:
+    if dma and not has_dma(dev):
         raise BackendUnavailableError(f"engine {node}: ctrl.features.dma reads 0: a build "
                                       "without the DMA engine has no queues to drive")
     got = config_fields(dev.csr_read(at("ctrl.config")))
@@ -196,11 +205,22 @@ def open_board(rank: int, world_size: int, *, device: Device | None = None,
                                    "multiple of 4096")
     dev = device if device is not None else SimDevice.from_env(rank)
     try:
-        port = BoardPort(rank, world_size, dev, memory=memory, stage_bytes=stage_bytes,
-                         master_addr=master_addr, master_port=master_port,
-                         timeout_s=rendezvous_timeout_s)
+        if has_dma(dev):
+            port = BoardPort(rank, world_size, dev, memory=memory, stage_bytes=stage_bytes,
+                             master_addr=master_addr, master_port=master_port,
+                             timeout_s=rendezvous_timeout_s)
+        else:
+            if memory != "host":
+                raise UnsupportedError("memory", "a network-attached node has no "
+                                       "GPU-peer window")
+            port = NetworkNodePort(rank, world_size, dev, probe(dev, dma=False),
+                                   stage_bytes=stage_bytes, master_addr=master_addr,
+                                   master_port=master_port, timeout_s=rendezvous_timeout_s)
     except BaseException:
         if device is None:
             dev.close()   # ours; the caller's stays theirs until close() takes it
         raise
-    return RegisterBackend("board", rank, world_size, port, barrier_at_close=True)
+    # A network node's world may hold software ranks, whose barrier has no program: a
+    # closing barrier would wait for them forever (as in the sim backend's mixed runs).
+    return RegisterBackend("board", rank, world_size, port,
+                           barrier_at_close=isinstance(port, BoardPort))

@@ -193,7 +193,9 @@ class SoftwareBackend:
 
     @property
     def barrier_at_close(self) -> bool:
-        return self.engine.failed is None
+        # The barrier is a host schedule: HDL peers (sim, board) have no program for it.
+        return self.engine.failed is None and \
+            len(self.software_peers) == self.world_size - 1
 
     # ------------------------------------------------------------------ calls
     def run(self, run: ProgramRun, deadline_s: float) -> Job:

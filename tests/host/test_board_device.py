@@ -5,6 +5,7 @@ top and a TAP bridge in Verilator), so this is not an end-to-end proof."""
 import itertools
 import socket
 import threading
+import time
 
 import pytest
 
@@ -45,7 +46,8 @@ class Canned:
         elif req.op == ctl.Op.CSR_WRITE:
             self.regs.update(ctl.pairs(req.body))
         elif req.op == ctl.Op.CSR_READ:
-            body = self.regs.get(req.addr, 0).to_bytes(4, "big")
+            body = b"".join(self.regs.get(req.addr + 4 * i, 0).to_bytes(4, "big")
+                            for i in range(req.count))
         elif req.op == ctl.Op.MEM_WRITE:
             self.mem[req.addr:req.addr + req.count] = req.body
         else:
@@ -114,3 +116,45 @@ def test_board_spec_names_one_address_per_rank(monkeypatch):
     monkeypatch.delenv(KEY_ENV)
     with pytest.raises(BackendUnavailableError, match=KEY_ENV):
         SimDevice.from_env(0, spec)
+
+
+def test_one_address_is_this_ranks_node(monkeypatch):
+    a = Canned()
+    monkeypatch.setenv(KEY_ENV, f"{KEY:x}")
+    d = SimDevice.from_env(3, f"udp:127.0.0.1:{a.port}")
+    assert d.addr == ("127.0.0.1", a.port)
+    with pytest.raises(BackendUnavailableError, match="rank 1"):
+        SimDevice.from_env(1, f"udp:127.0.0.1:{a.port},,127.0.0.1:{a.port}")
+
+
+def test_bodies_are_bounded_by_the_paths_ip_mtu():
+    # A node that takes 4000-byte bodies behind a 1500-byte link: a bigger request would
+    # leave as IP fragments, which a node drops.
+    srv = Canned(max_body=4000)
+    srv.mem = bytearray(8192)
+    d = dev(srv, ip_mtu=1500)
+    assert d.max_body == ctl.max_body(1514) == ctl.MAX_BODY_1500
+    d.host_write(0, bytes(range(256)) * 12)
+    writes = [ctl.decode(m) for m in srv.seen if ctl.decode(m).op == ctl.Op.MEM_WRITE]
+    assert [w.count for w in writes] == [1444, 1444, 184]
+    assert max(len(m) for m in srv.seen) <= 1500 - 28
+
+
+def test_register_blocks_read_in_one_request_per_body():
+    srv = Canned(max_body=16)        # 4 registers a request
+    srv.regs = {0x100 + 4 * i: i + 7 for i in range(10)}
+    d = dev(srv)
+    assert d.csr_read_many(0x100, 10) == [i + 7 for i in range(10)]
+    reads = [ctl.decode(m) for m in srv.seen if ctl.decode(m).op == ctl.Op.CSR_READ]
+    assert [(r.addr, r.count) for r in reads] == [(0x100, 4), (0x110, 4), (0x120, 2)]
+
+
+def test_each_retry_waits_twice_as_long():
+    srv = Canned()
+    d = dev(srv, timeout_s=0.05, retries=3)
+    srv.reply = lambda req: []
+    t = time.monotonic()
+    with pytest.raises(TransportError, match=r"4 tries in 0\.75 s"):
+        d.csr_read(0)
+    assert time.monotonic() - t >= 0.75
+    assert d.requests - 1 == 4 and d.resent == 3   # the HELLO, then 4 sends
