@@ -71,12 +71,15 @@ def main(argv: list[str] | None = None) -> int:
                            "at exit, if missing)")
     node.add_argument("--mac", default=None, help="the node's MAC (default 02:fc:cc:00:00:01)")
 
-    from .build_cli import add_build_subcommand
+    from .build_cli import add_build_subcommand, add_flash_subcommand
     add_build_subcommand(sub)
+    add_flash_subcommand(sub)
 
     args = parser.parse_args(argv)
     if args.command == "build":
         return args.build_handler(args)
+    if args.command == "flash":
+        return args.flash_handler(args)
     if args.command == "demo":
         from .demo import run_demo
         return run_demo(args.pcap)

@@ -110,7 +110,7 @@ class Rgmii(wiring.Component):
 class RgmiiPads(wiring.Component):
     """The DDR pairs on an RGMII resource's pins (``rx_clk``, ``rx_ctrl``, ``rx_data``,
     ``tx_clk``, ``tx_ctrl``, ``tx_data``, as amaranth-boards names them) and RX_CLK
-    buffered on ``rx_clk`` (constrained to 125 MHz). The parent defines the domains:
+    buffered on ``rx_clk`` (its pin constrained to 125 MHz). The parent defines the domains:
     ``rgmii_rx`` on ``rx_clk`` (:func:`rx_domain`), ``rgmii_tx`` and ``rgmii_tx_clk``
     (the 90-degree one) from its PLL."""
 
@@ -124,7 +124,9 @@ class RgmiiPads(wiring.Component):
         m.submodules.rx_clk = rx_clk = io.Buffer("i", p.rx_clk)
         m.d.comb += self.rx_clk.eq(rx_clk.i)
         if platform is not None:
-            platform.add_clock_constraint(rx_clk.i, 125e6)
+            # On the pin, not the buffer's output: synthesis renames that net, and
+            # nextpnr then drops a constraint by net name.
+            platform.add_clock_constraint(p.rx_clk.io, 125e6)
 
         m.submodules.rx_data = rxd = io.DDRBuffer("i", p.rx_data, i_domain="rgmii_rx")
         m.submodules.rx_ctrl = rxc = io.DDRBuffer("i", p.rx_ctrl, i_domain="rgmii_rx")

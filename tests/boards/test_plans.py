@@ -46,6 +46,11 @@ def test_open_flow_plan(name):
     assert make_plan(board, board.config).digest() == plan.digest()
     bigger = board.config.replace(imem_words=2 * board.config.imem_words)
     assert make_plan(board, bigger).digest() != plan.digest()
+    if board.tx_clock_phase is not None:
+        # The address straps are in the bitstream: another --ip is another build.
+        assert "EHXPLLL" in plan.files["top.il"]
+        other = board.config.replace(ip="192.168.10.51")
+        assert make_plan(board, other).digest() != plan.digest()
 
 
 @needs_boards

@@ -185,4 +185,4 @@ def test_rgmii_pads_map_to_ecp5_ddr_primitives():
     il = text(".il")
     assert il.count("IDDRX1F") == 5
     assert il.count("ODDRX1F") == 6
-    assert 'FREQUENCY NET "pads.rx_clk' in text(".lpf") and "125000000.0 HZ" in text(".lpf")
+    assert 'FREQUENCY PORT "eth_rgmii_0__rx_clk__io" 125000000.0 HZ' in text(".lpf")
