@@ -387,16 +387,22 @@ def node_factory(config: NodeConfig) -> wiring.Component:
                 imem_words=config.imem_words, dtypes=config.dtypes, ops=config.ops)
 
 
+ECP5_NODE_CLOCK_PS = 10_000
+"""The ECP5 boards clock the node from their 100 MHz oscillator."""
+
+
 def eth_node_factory(config: NodeConfig) -> wiring.Component:
     """:class:`fpgaccl.hw.eth_node.EthNode` for ``config``: the node behind ARP, ICMP
     echo and the control port (its only CSR master: no UART), reaching the whole
-    ``config.memory_bytes`` of on-chip memory, counting the MAC's drops; the key is set
-    by the first HELLO that carries one (proto/control.py)."""
+    ``config.memory_bytes`` of on-chip memory, counting the MAC's drops, its HELLO
+    giving the node clock (:data:`ECP5_NODE_CLOCK_PS`); the key is set by the first
+    HELLO that carries one (proto/control.py)."""
     from fpgaccl.hw.eth_node import EthNode
     if config.dma:
         raise ValueError("config: board builds have no DMA engine yet (dma=False)")
     return EthNode(config.width, mem_log2=config.memory_bytes.bit_length() - 1,
-                   mac_counters=True, qps=config.qps, regions=config.regions,
+                   mac_counters=True, info={"clock_ps": ECP5_NODE_CLOCK_PS},
+                   qps=config.qps, regions=config.regions,
                    imem_words=config.imem_words, dtypes=config.dtypes, ops=config.ops)
 
 

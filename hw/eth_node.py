@@ -50,11 +50,14 @@ class EthNode(wiring.Component):
     control endpoint's (``mem_log2`` should be the memory behind ``rd_req``/``wr``).
     ``mac_counters``: a ``mac_frames`` input takes the MAC's per-verdict frame counts
     (:attr:`~fpgaccl.hw.eth.mac.Mac.rx_frames`, in ``sync``), read as the drop
-    registers of :data:`MAC_COUNTERS`."""
+    registers of :data:`MAC_COUNTERS`. ``info``: HELLO fields to override
+    (:data:`~fpgaccl.proto.control.INFO`, e.g. a board's ``clock_ps``)."""
 
     def __init__(self, width: int = 64, *, key: int = 0, mem_log2: int = 32,
-                 mac_counters: bool = False, **node) -> None:
+                 mac_counters: bool = False, info: dict[str, int] | None = None,
+                 **node) -> None:
         self.width, self.key, self.mem_log2 = width, key, mem_log2
+        self.info = dict(info or {})
         self.mac_counters = mac_counters
         self.node = Node(width, **node)
         extra = ({"mac_frames": In(data.ArrayLayout(DROP_COUNTER_BITS, len(RxDrop)))}
@@ -75,7 +78,7 @@ class EthNode(wiring.Component):
         w = self.width
         m.submodules.node = node = self.node
         m.submodules.svc = svc = EthServices(
-            w, control={"key": self.key, "mem_log2": self.mem_log2})
+            w, control={"key": self.key, "mem_log2": self.mem_log2, **self.info})
         wiring.connect(m, wiring.flipped(self.rx), svc.rx)
         wiring.connect(m, svc.tx, wiring.flipped(self.tx))
         wiring.connect(m, svc.roce_rx, node.rx)

@@ -141,6 +141,7 @@ def test_ecpix5_is_the_node_on_ethernet():
     assert ETH.memory_bytes >= 256 * 1024          # the floor on the 85F
     node = eth_node_factory(ETH)
     assert node.mem_log2 == 18 and "mac_frames" in node.signature.members
+    assert node.info == {"clock_ps": 10_000}        # HELLO: the 100 MHz node clock
     assert "csr" not in node.signature.members      # the control port is the CSR master
     # Two boards differ by --ip alone: the default MAC follows the IP's low bytes.
     assert ETH.replace(ip="192.168.10.51").mac_int == 0x02FCCC_A80A33
