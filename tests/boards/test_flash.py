@@ -99,3 +99,11 @@ def test_default_bitstream_is_the_builds(tmp_path, capsys):
         built_bitstream("icebreaker", BOARDS["icebreaker"].config, tmp_path)
     assert main(["flash", "--board", "icebreaker", "--root", str(tmp_path)]) == 2
     assert "no finished build of icebreaker" in capsys.readouterr().err
+
+
+def test_build_and_flash_refuse_a_bad_address(capsys):
+    """--ip/--mac are checked before anything is elaborated or run."""
+    assert main(["build", "--board", "ecpix5-85", "--ip", "300.1.1.1"]) == 2
+    assert "fpgaccl build: ip: not an IPv4 address" in capsys.readouterr().err
+    assert main(["flash", "--board", "ecpix5-85", "--mac", "02:00"]) == 2
+    assert "fpgaccl flash: mac: not a MAC address" in capsys.readouterr().err
