@@ -67,12 +67,13 @@ RATIOS = {"node100": (10e-9, 8e-9, 8.04e-9), "node200": (5e-9, 8e-9, 7.96e-9),
           "node25": (40e-9, 8e-9, 8.02e-9)}
 
 
-@pytest.mark.parametrize("width", [32, 64])
-@pytest.mark.parametrize("ratio", sorted(RATIOS))
+# 32-bit beats need a node clock of at least 31.25 MHz: not at 25 MHz.
+CASES = [(w, r) for w in (32, 64) for r in sorted(RATIOS) if (w, r) != (32, "node25")]
+
+
+@pytest.mark.parametrize("width,ratio", CASES)
 def test_rgmii_frames_both_ways(width, ratio):
     node, tx_p, rx_p = RATIOS[ratio]
-    if width == 32 and ratio == "node25":
-        pytest.skip("32-bit beats need a node clock of at least 31.25 MHz")
     dut = Rgmii(width, max_frame=300)
     tx_frames = frames_mix()
     rx_frames = [udp_frame(n, 10 + n) for n in (20, 61, 150, 7)]
