@@ -122,6 +122,21 @@ class ToolchainError(FpgacclError):
     """An external tool (Verilator, yosys, nextpnr, tshark) failed."""
 
 
+class BitstreamMissingError(InvalidArgumentError):
+    """``fpgaccl flash``: no bitstream where the argument says (or no finished build of
+    the board's configuration when none was given)."""
+
+
+class CableNotFoundError(BackendUnavailableError):
+    """``fpgaccl flash``: openFPGALoader found no programming cable (board unplugged,
+    wrong ``--cable``, or no permission on the USB device); ``cable`` names the one
+    asked for (None: the board's default)."""
+
+    def __init__(self, cable: str | None, message: str) -> None:
+        self.cable = cable
+        super().__init__(message)
+
+
 class CollectiveMismatchError(InvalidArgumentError):
     """Ranks called one collective with different arguments (kind, count, dtype, op,
     root, algorithm, tag or call order). ``field`` is the first that differs, ``ranks``

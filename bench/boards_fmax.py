@@ -29,6 +29,7 @@ from fpgaccl.boards.platforms import BOARDS
 
 REPO = Path(__file__).resolve().parent.parent
 TARGET_MHZ = 100.0   # issue 9: 64-bit beats at 100 MHz = 6.4 Gb/s
+LOAD: dict[str, list[float]] = {}
 DEPTH_NOTE = ("worst register-to-register path ending in each block, unplaced, with a "
               "flat 0.75 ns per net; nextpnr's figures above are the ones of record")
 ROUTED_NOTE = ("nextpnr's post-route arrival at each register input, the worst per block; "
@@ -87,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
                          "checkout's HEAD (default: HEAD, '-dirty' if hw/boards/proto "
                          "have changes)")
     args = ap.parse_args(argv)
+    LOAD["start"] = [round(x, 2) for x in os.getloadavg()]
     if args.partial:
         return partial(args)
     if args.depth:
@@ -108,7 +110,8 @@ def main(argv: list[str] | None = None) -> int:
     ecp5 = "NEXTPNR_ECP5" in board.tools
     verdict = []
     for c in rep.clocks:
-        target = TARGET_MHZ if ecp5 else c.target_mhz
+        # The node's 100 MHz, or the clock's own constraint where higher (RGMII 125 MHz).
+        target = max(TARGET_MHZ, c.target_mhz) if ecp5 else c.target_mhz
         verdict.append(f"{c.name}: {c.achieved_mhz:.1f} MHz vs target {target:.0f} MHz -> "
                        f"{'met' if c.achieved_mhz >= target else 'NOT met'}")
     print("\n" + "\n".join(verdict))
@@ -150,8 +153,9 @@ def partial(args) -> int:
     note = ("INCOMPLETE: routing had not finished; Fmax is nextpnr's post-placement "
             "estimate, utilisation is after packing")
     print(f"{args.partial}\n{note}\n\n{rep.table()}")
-    verdict = [f"{c.name}: {c.achieved_mhz:.1f} MHz (estimate) vs target {TARGET_MHZ:.0f} MHz"
-               f" -> {'met' if c.achieved_mhz >= TARGET_MHZ else 'NOT met'}"
+    verdict = [f"{c.name}: {c.achieved_mhz:.1f} MHz (estimate) vs target "
+               f"{max(TARGET_MHZ, c.target_mhz):.0f} MHz -> "
+               f"{'met' if c.achieved_mhz >= max(TARGET_MHZ, c.target_mhz) else 'NOT met'}"
                for c in rep.clocks]
     print("\n" + "\n".join(verdict))
     depth_rows: list[dict] = []
@@ -184,6 +188,9 @@ def write_record(out: Path, rev: str, fields: dict) -> None:
         "machine": {"node": platform.node(), "cpus": os.cpu_count(),
                     "python": platform.python_version(), "system": platform.platform()},
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        # 1/5/15-minute load averages when the bench started and when it wrote this:
+        # the machine is shared, and a loaded one builds slower (not a different Fmax).
+        "load": {**LOAD, "end": [round(x, 2) for x in os.getloadavg()]},
         **fields,
     }
     out.parent.mkdir(parents=True, exist_ok=True)

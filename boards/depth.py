@@ -18,7 +18,10 @@ from pathlib import Path
 NET_NS = 0.75        # an average routed net between slices
 SETUP_NS = 0.1
 # Cell output delays from a register/RAM clock edge.
-CLOCK_TO_OUT = {"TRELLIS_FF": 0.45, "DP16KD": 4.0, "TRELLIS_IO": 0.45}
+# A PLL's outputs are clocks (its CLKFB loop is no logic path); an IDDRX1F's are
+# registers in the I/O cell.
+CLOCK_TO_OUT = {"TRELLIS_FF": 0.45, "DP16KD": 4.0, "TRELLIS_IO": 0.45, "EHXPLLL": 0.0,
+                "IDDRX1F": 0.45}
 # Cells that feed their neighbour inside a slice, without a routed net.
 _IN_SLICE = {("LUT4", "PFUMX"), ("PFUMX", "L6MUX21")}
 

@@ -241,10 +241,18 @@ class UARTBridge(wiring.Component):
 class OnChipMemory(wiring.Component):
     """Block RAM behind a core's memory ports (``wr``, ``rd_req``/``rd_resp`` as
     :class:`fpgaccl.hw.node.Node` has them) until a board's DRAM/HBM controller is
-    wired: ``depth`` beats, addresses taken modulo its size, and -- a simplification a
-    real controller will not have -- beat-aligned: the low address bits are ignored."""
+    wired: ``depth`` beats, addresses taken modulo its size, with the ports' semantics
+    (:class:`fpgaccl.sim.hdl.memory.SimMemory`'s): a write beat's byte 0 goes to its
+    address, a read's first beat starts at the requested byte -- any byte, since a
+    collective's chunks start wherever ``ceil(n / chunks)`` elements put them.
+
+    An unaligned beat touches two neighbouring words, one even and one odd, so the
+    words live in two banks by parity, each one write and one read port (a simple
+    dual-port block RAM each)."""
 
     def __init__(self, width: int, depth: int, write_layout, read_req_layout) -> None:
+        if depth < 2 or depth & (depth - 1):
+            raise ValueError(f"depth must be a power of two >= 2, not {depth}")
         self.width, self.depth = width, depth
         super().__init__({
             "wr": In(stream.Signature(write_layout)),
@@ -254,42 +262,71 @@ class OnChipMemory(wiring.Component):
 
     def elaborate(self, platform) -> Module:
         m = Module()
-        w, nbytes = self.width, self.width // 8
-        shift = nbytes.bit_length() - 1
-        m.submodules.mem = mem = memory.Memory(shape=w, depth=self.depth, init=[])
-        wp = mem.write_port(granularity=8)
-        rp = mem.read_port()
-        m.d.comb += [self.wr.ready.eq(1), wp.addr.eq(self.wr.payload.addr >> shift),
-                     wp.data.eq(self.wr.payload.data),
-                     wp.en.eq(Mux(self.wr.valid, self.wr.payload.keep, 0))]
+        w, nb = self.width, self.width // 8
+        lg = nb.bit_length() - 1
+        half = self.depth // 2
+        banks = []
+        for name in ("even", "odd"):
+            m.submodules[name] = mem = memory.Memory(shape=w, depth=half, init=[])
+            banks.append((mem.write_port(granularity=8), mem.read_port()))
+        (we, re_), (wo, ro) = banks
 
-        # The block RAM's read data (4 ns clock-to-out on an ECP5) goes straight into a
-        # skid buffer: what reads the answer, and the ready chain back from it, starts
-        # at a register rather than at the RAM.
+        # Write: the beat shifted to its byte offset, split over word k and k+1.
+        p = self.wr.payload
+        off, word = p.addr[:lg], p.addr[lg:lg + (self.depth - 1).bit_length()]
+        shifted = Signal(2 * w)
+        mask = Signal(2 * nb)
+        m.d.comb += [shifted.eq(p.data << (off * 8)),
+                     mask.eq(Mux(self.wr.valid, p.keep, 0) << off), self.wr.ready.eq(1)]
+        odd = word[0]
+        # word k is in bank k % 2 at k // 2; word k+1 in the other, at (k + 1) // 2.
+        lo_row, hi_row = word[1:], (word + 1)[1:]
+        m.d.comb += [
+            we.addr.eq(Mux(odd, hi_row, lo_row)), wo.addr.eq(lo_row),
+            we.data.eq(Mux(odd, shifted[w:], shifted[:w])),
+            wo.data.eq(Mux(odd, shifted[:w], shifted[w:])),
+            we.en.eq(Mux(odd, mask[nb:], mask[:nb])),
+            wo.en.eq(Mux(odd, mask[:nb], mask[nb:])),
+        ]
+
+        # Read: a request is walked a beat per cycle; each beat reads words k and k+1
+        # (issue), then picks and shifts the RAMs' outputs into a register, then a skid
+        # buffer: the block RAM's 4 ns clock-to-out sees one mux level and the shift,
+        # and the ready chain back starts at a register.
         m.submodules.skid = skid = SkidBuffer(beat_layout(w))
         wiring.connect(m, skid.o, wiring.flipped(self.rd_resp))
-        out = skid.i
-        cur = Signal(range(self.depth))
+        addr = Signal(lg + (self.depth - 1).bit_length())
         left = Signal(len(self.rd_req.payload.len))
-        tail = Signal(range(nbytes + 1))       # valid bytes in the last beat
         first = Signal()
-        advance = ~out.valid | out.ready
-        issue = Signal()        # left != 0, kept as a flag: it is the request's ready
-        m.d.comb += [self.rd_req.ready.eq(~issue), rp.addr.eq(cur), rp.en.eq(advance),
-                     out.payload.data.eq(rp.data)]
+        active = Signal()
+        advance = Signal()
+        rword = addr[lg:]
+        m.d.comb += self.rd_req.ready.eq(~active)
+        with m.If(self.rd_req.valid & ~active):
+            m.d.sync += [addr.eq(self.rd_req.payload.addr), left.eq(self.rd_req.payload.len),
+                         first.eq(1), active.eq(self.rd_req.payload.len != 0)]
+        r_lo, r_hi = rword[1:], (rword + 1)[1:]
+        m.d.comb += [re_.addr.eq(Mux(rword[0], r_hi, r_lo)), ro.addr.eq(r_lo),
+                     re_.en.eq(advance), ro.en.eq(advance)]
+        s_valid, s_first, s_last, s_odd = Signal(), Signal(), Signal(), Signal()
+        s_off = Signal(lg)
+        s_keep = Signal(nb)
+        is_last = left <= nb
         with m.If(advance):
-            last = left == 1
-            m.d.sync += [out.valid.eq(issue), out.payload.first.eq(first),
-                         out.payload.last.eq(last),
-                         out.payload.keep.eq(Mux(last, (Const(1, nbytes + 1) << tail) - 1,
-                                                 -1))]
-            with m.If(issue):
-                m.d.sync += [cur.eq(cur + 1), left.eq(left - 1), first.eq(0),
-                             issue.eq(~last)]
-        with m.If(self.rd_req.valid & self.rd_req.ready):
-            n = self.rd_req.payload.len
-            beats = (n + nbytes - 1) >> shift
-            m.d.sync += [cur.eq(self.rd_req.payload.addr >> shift), left.eq(beats),
-                         issue.eq(beats != 0), first.eq(1),
-                         tail.eq(Mux(n[:shift] == 0, nbytes, n[:shift]))]
+            m.d.sync += [s_valid.eq(active), s_off.eq(addr[:lg]), s_odd.eq(rword[0]),
+                         s_first.eq(first), s_last.eq(is_last),
+                         s_keep.eq(Mux(left >= nb, (1 << nb) - 1,
+                                       (Const(1, nb + 1) << left[:lg + 1]) - 1))]
+            with m.If(active):
+                m.d.sync += [addr.eq(addr + nb), left.eq(left - nb), first.eq(0)]
+                with m.If(is_last):
+                    m.d.sync += [active.eq(0), left.eq(0)]
+        lo = Mux(s_odd, ro.data, re_.data)
+        hi = Mux(s_odd, re_.data, ro.data)
+        out = skid.i
+        with m.If(advance):
+            m.d.sync += [out.valid.eq(s_valid), out.payload.data.eq(Cat(lo, hi) >> (s_off * 8)),
+                         out.payload.keep.eq(s_keep), out.payload.first.eq(s_first),
+                         out.payload.last.eq(s_last)]
+        m.d.comb += advance.eq(~out.valid | out.ready)
         return m

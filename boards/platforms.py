@@ -3,15 +3,19 @@
 =============  ===========================  ====================================  =========
 board          FPGA                          network boundary                      flow
 =============  ===========================  ====================================  =========
-ecpix5-85      ECP5 LFE5UM5G-85F-8BG554      nibble link on the RGMII PHY's pins   open
+ecpix5-85      ECP5 LFE5UM5G-85F-8BG554      RGMII gigabit PHY: MAC, ARP, ping,    open
+                                            the UDP control port (EthNode)
 ulx3s-85f      ECP5 LFE5U-85F-6BG381         nibble link on GPIO 0+..4+            open
 icebreaker     iCE40 UP5K-SG48               nibble link on PMOD1A/1B              open
 alveo-u55c     xcu55c-fsvh2892-2L-e          QSFP28 0 through the CMAC (100G)      vivado
 =============  ===========================  ====================================  =========
 
-On every board the CSR bus comes in over the board's USB-UART (:class:`UARTBridge`)
-and the core's ``busy``/``done`` (or ``activity``) go to the LEDs. The ECP5 and Xilinx
-boards build the full :class:`fpgaccl.hw.node.Node`, its memory port on block RAM
+The ECPIX-5 is a node on Ethernet: :class:`fpgaccl.hw.eth_node.EthNode` (ARP, ICMP
+echo, the control port -- its CSR master -- in front of the Node) behind the RGMII MAC
+(:mod:`fpgaccl.hw.eth.rgmii`), its memory 256 KiB of block RAM. On the other boards
+the CSR bus comes in over the board's USB-UART (:class:`UARTBridge`). The core's
+``busy``/``done`` (or ``activity``) go to the LEDs. The ECP5 and Xilinx boards build the
+full :class:`fpgaccl.hw.node.Node`, its memory port on block RAM
 (:class:`OnChipMemory`); the board's DRAM/HBM (DDR3 on ECPIX-5, SDRAM on ULX3S, HBM on
 the U55C) is named here but not wired. The iCE40 builds the reduced
 :class:`fpgaccl.boards.top.EngineCore` (why: :mod:`fpgaccl.boards.top`).
@@ -25,10 +29,26 @@ from dataclasses import dataclass, field
 from amaranth.build import Attrs, Clock, DiffPairs, Pins, Resource, ResourceError, Subsignal
 from amaranth.hdl import ClockDomain, ClockSignal, Const, Instance, Module, ResetSignal, Signal
 from amaranth.lib import io, wiring
+from amaranth.lib.cdc import ResetSynchronizer
 from amaranth.vendor import XilinxPlatform
 
+from fpgaccl.hw.eth.rgmii import Rgmii, RgmiiPads, rx_domain
+
+from .ecp5_pll import Ecp5Pll
 from .links import NibbleLink, OnChipMemory, UARTBridge
-from .top import FULL, SMALL, WIDE, CoreFactory, EngineCore, NodeConfig, node_factory
+from .top import (
+    ETH,
+    FULL,
+    SMALL,
+    WIDE,
+    CoreFactory,
+    EngineCore,
+    NodeConfig,
+    eth_node_factory,
+    node_factory,
+)
+
+RGMII_MHZ = 125.0
 
 
 def _nibble_resource(rx_conn, tx_conn, rx_pins: str, tx_pins: str, attrs: Attrs) -> Resource:
@@ -132,6 +152,9 @@ class Board:
     env: dict = field(default_factory=dict)
     tools: tuple[str, ...] = ()   # environment variable names of the open flow's tools
     core: CoreFactory = node_factory
+    # RGMII boards: how far the PLL puts TX_CLK behind the data (hw/eth/rgmii.py):
+    # 90 for a PHY without its own TX delay, 0 for one strapped to add it.
+    tx_clock_phase: float | None = None
 
     @property
     def open_flow(self) -> bool:
@@ -150,9 +173,10 @@ _ECP5_OPTS = {"nextpnr_opts": "--router router1 --timing-allow-fail"}
 _ICE40_TOOLS = ("YOSYS", "NEXTPNR_ICE40", "ICEPACK")
 
 BOARDS: dict[str, Board] = {b.name: b for b in (
-    Board("ecpix5-85", _ecpix5, FULL, "open",
-          "nibble link on the eth_rgmii pins (RGMII MAC goes here)",
-          "ddr3 (not wired: no memory bus yet)", tools=_ECP5_TOOLS, build_opts=_ECP5_OPTS),
+    Board("ecpix5-85", _ecpix5, ETH, "open",
+          "RGMII gigabit PHY (MAC, ARP, ICMP echo, UDP control port 4792, RoCEv2 4791)",
+          "256 KiB block RAM (ddr3 not wired: no memory bus yet)", tools=_ECP5_TOOLS,
+          build_opts=_ECP5_OPTS, core=eth_node_factory, tx_clock_phase=90.0),
     Board("ulx3s-85f", _ulx3s, FULL, "open",
           "nibble link on gpio 0 (0+..4+ in, 0-..4- out)",
           "sdram (not wired: no memory bus yet)", tools=_ECP5_TOOLS, build_opts=_ECP5_OPTS,
@@ -202,18 +226,21 @@ class BoardTop(wiring.Component):
     def elaborate(self, platform) -> Module:
         m = Module()
         m.submodules.core = core = self.core_factory(self.config)
+        members = core.signature.members
         if self.board.name == "alveo-u55c":
             net_status = self._cmac(m, platform, core)
+        elif self.board.tx_clock_phase is not None:
+            net_status = self._rgmii(m, platform, core)
         else:
             net_status = self._nibble(m, platform, core)
-        uart = platform.request("uart", 0, dir="-")
-        m.submodules.uart_rx = uart_rx = io.Buffer("i", uart.rx)
-        m.submodules.uart_tx = uart_tx = io.Buffer("o", uart.tx)
-        m.submodules.uart = bridge = UARTBridge(self._sync_freq(platform))
-        m.d.comb += [bridge.rx.eq(uart_rx.i), uart_tx.o.eq(bridge.tx)]
-        wiring.connect(m, bridge.bus, core.csr)
+        if "csr" in members:
+            uart = platform.request("uart", 0, dir="-")
+            m.submodules.uart_rx = uart_rx = io.Buffer("i", uart.rx)
+            m.submodules.uart_tx = uart_tx = io.Buffer("o", uart.tx)
+            m.submodules.uart = bridge = UARTBridge(self._sync_freq(platform))
+            m.d.comb += [bridge.rx.eq(uart_rx.i), uart_tx.o.eq(bridge.tx)]
+            wiring.connect(m, bridge.bus, core.csr)
 
-        members = core.signature.members
         if "rd_req" in members:
             # Node's memory ports: block RAM until the board's memory controller is wired.
             m.submodules.memory = mem = OnChipMemory(
@@ -240,19 +267,48 @@ class BoardTop(wiring.Component):
             return 322.265625e6
         return platform.default_clk_frequency
 
+    def _rgmii(self, m: Module, platform, core) -> Signal:
+        """The core behind the RGMII MAC. Clocks: ``sync`` (the node) straight from the
+        board oscillator; ``rgmii_tx`` and ``rgmii_tx_clk`` (TX_CLK, ``tx_clock_phase``
+        behind) from a PLL on it; ``rgmii_rx`` from the PHY's RX_CLK. Every domain is
+        held in reset until the PLL locks. LED 0: the PHY reports a gigabit link."""
+        clk_name = platform.default_clk
+        freq = platform.default_clk_frequency
+        m.submodules.clk_in = clk_in = io.Buffer("i", platform.request(clk_name, 0, dir="-"))
+        m.domains.sync = ClockDomain("sync")
+        m.domains.rgmii_tx = ClockDomain("rgmii_tx")
+        m.domains.rgmii_tx_clk = ClockDomain("rgmii_tx_clk")
+        m.submodules.pll = pll = Ecp5Pll(freq / 1e6, RGMII_MHZ, self.board.tx_clock_phase)
+        m.d.comb += [pll.clk_in.eq(clk_in.i), ClockSignal("sync").eq(clk_in.i),
+                     ClockSignal("rgmii_tx").eq(pll.clk),
+                     ClockSignal("rgmii_tx_clk").eq(pll.clk_shifted)]
+        for domain in ("sync", "rgmii_tx", "rgmii_tx_clk"):
+            m.submodules[f"{domain}_rst"] = ResetSynchronizer(~pll.lock, domain=domain)
+
+        eth = platform.request("eth_rgmii", 0, dir="-")
+        m.submodules.phy_rst = rst = io.Buffer("o", eth.rst)
+        m.d.comb += rst.o.eq(0)   # PHY out of reset (the pin is active low)
+        m.submodules.rgmii_pads = pads = RgmiiPads(eth)
+        rx_domain(m, pads, ~pll.lock)
+        m.submodules.rgmii = mac = Rgmii(self.config.width)
+        m.d.comb += [pads.tx_data.eq(mac.tx_data), pads.tx_ctl.eq(mac.tx_ctl),
+                     mac.rx_data.eq(pads.rx_data), mac.rx_ctl.eq(pads.rx_ctl)]
+        wiring.connect(m, mac.rx, core.rx)
+        wiring.connect(m, core.tx, mac.tx)
+        members = core.signature.members
+        if "mac_frames" in members:
+            m.d.comb += core.mac_frames.eq(mac.rx_frames)
+        if "ip" in members:
+            m.d.comb += [core.ip.eq(self.config.ip_int), core.mac.eq(self.config.mac_int)]
+        return mac.link
+
     def _nibble(self, m: Module, platform, core) -> Signal:
         w = self.config.width
         m.submodules.link = link = NibbleLink(w)
         wiring.connect(m, link.rx, core.rx)
         wiring.connect(m, core.tx, link.tx)
-        if self.board.name == "ecpix5-85":
-            eth = platform.request("eth_rgmii", 0, dir="-")
-            ports = eth.rx_data, eth.rx_ctrl, eth.tx_data, eth.tx_ctrl
-            m.submodules.phy_rst = rst = io.Buffer("o", eth.rst)
-            m.d.comb += rst.o.eq(0)   # PHY out of reset (the pin is active low)
-        else:
-            pins = platform.request("nibble_link", 0, dir="-")
-            ports = pins.rxd, pins.rx_dv, pins.txd, pins.tx_en
+        pins = platform.request("nibble_link", 0, dir="-")
+        ports = pins.rxd, pins.rx_dv, pins.txd, pins.tx_en
         bufs = [io.Buffer(d, p) for d, p in zip("iioo", ports, strict=True)]
         for name, b in zip(("rxd", "rx_dv", "txd", "tx_en"), bufs, strict=True):
             m.submodules[f"link_{name}"] = b

@@ -30,6 +30,8 @@ Not in it: parser/builder, transport, router, copy/reduce engines.
 
 from __future__ import annotations
 
+import ipaddress
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -74,6 +76,9 @@ class NodeConfig:
     dma         whether the build has the DMA engine; without it the register map
                 leaves out the ``dma*`` blocks (they read as zero). No board build has
                 it yet (the memory port is on-chip RAM), so every preset says False.
+    ip, mac     the node's addresses after reset, on boards where the node is on
+                Ethernet (:func:`eth_node_factory`); ``mac`` None: 02:fc:cc and the
+                IP's low three bytes, so two boards differ by ``--ip`` alone.
     """
 
     width: int = 64
@@ -84,6 +89,8 @@ class NodeConfig:
     ops: tuple[ReduceOp, ...] = LANE_OPS
     local_beats: int = 256
     dma: bool = True
+    ip: str = "192.168.10.50"
+    mac: str | None = None
     name: str = field(default="custom", compare=False)
 
     def __post_init__(self) -> None:
@@ -102,6 +109,29 @@ class NodeConfig:
                                  f"{', '.join(o.name.lower() for o in LANE_OPS)})")
         if self.imem_words < 2 or self.imem_words & (self.imem_words - 1):
             raise ValueError("imem_words must be a power of two >= 2")
+        if self.local_beats < 2 or self.local_beats & (self.local_beats - 1):
+            raise ValueError("local_beats must be a power of two >= 2")
+        try:
+            ipaddress.IPv4Address(self.ip)
+        except ValueError:
+            raise ValueError(f"ip: not an IPv4 address: {self.ip!r}") from None
+        if self.mac is not None and not re.fullmatch(r"([0-9a-fA-F]{2}:){5}[0-9a-fA-F]{2}",
+                                                     self.mac):
+            raise ValueError(f"mac: not a MAC address (aa:bb:cc:dd:ee:ff): {self.mac!r}")
+
+    @property
+    def ip_int(self) -> int:
+        return int(ipaddress.IPv4Address(self.ip))
+
+    @property
+    def mac_int(self) -> int:
+        if self.mac is None:
+            return 0x02FCCC << 24 | (self.ip_int & 0xFFFFFF)
+        return int(self.mac.replace(":", ""), 16)
+
+    @property
+    def memory_bytes(self) -> int:
+        return self.local_beats * self.width // 8
 
     def regmap(self) -> RegisterMap:
         full = default_map(qps=self.qps, regions=self.regions, imem_words=self.imem_words)
@@ -130,6 +160,9 @@ SMALL = NodeConfig(width=32, qps=1, regions=1, imem_words=64, dtypes=(DType.INT3
 FULL = NodeConfig(width=64, qps=8, regions=8, imem_words=256,
                   dtypes=(DType.INT32, DType.FLOAT32), ops=LANE_OPS, local_beats=256,
                   dma=False, name="full")
+# The ECPIX-5 node on Ethernet: FULL with 256 KiB of node memory (32,768 64-bit beats:
+# 128 of the 85F's 208 DP16KD; the node itself uses ~20).
+ETH = FULL.replace(local_beats=1 << 15, name="full-eth")
 # A 100G MAC delivers 512-bit beats.
 WIDE = FULL.replace(width=512, name="wide")
 
@@ -352,6 +385,25 @@ def node_factory(config: NodeConfig) -> wiring.Component:
         raise ValueError("config: board builds have no DMA engine yet (dma=False)")
     return Node(config.width, qps=config.qps, regions=config.regions,
                 imem_words=config.imem_words, dtypes=config.dtypes, ops=config.ops)
+
+
+ECP5_NODE_CLOCK_PS = 10_000
+"""The ECP5 boards clock the node from their 100 MHz oscillator."""
+
+
+def eth_node_factory(config: NodeConfig) -> wiring.Component:
+    """:class:`fpgaccl.hw.eth_node.EthNode` for ``config``: the node behind ARP, ICMP
+    echo and the control port (its only CSR master: no UART), reaching the whole
+    ``config.memory_bytes`` of on-chip memory, counting the MAC's drops, its HELLO
+    giving the node clock (:data:`ECP5_NODE_CLOCK_PS`); the key is set by the first
+    HELLO that carries one (proto/control.py)."""
+    from fpgaccl.hw.eth_node import EthNode
+    if config.dma:
+        raise ValueError("config: board builds have no DMA engine yet (dma=False)")
+    return EthNode(config.width, mem_log2=config.memory_bytes.bit_length() - 1,
+                   mac_counters=True, info={"clock_ps": ECP5_NODE_CLOCK_PS},
+                   qps=config.qps, regions=config.regions,
+                   imem_words=config.imem_words, dtypes=config.dtypes, ops=config.ops)
 
 
 CoreFactory = Callable[[NodeConfig], wiring.Component]

@@ -75,12 +75,15 @@ def main(argv: list[str] | None = None) -> int:
                            "address if missing) instead of giving the TAP an address: "
                            "several nodes and the host's ranks then share one link")
 
-    from .build_cli import add_build_subcommand
+    from .build_cli import add_build_subcommand, add_flash_subcommand
     add_build_subcommand(sub)
+    add_flash_subcommand(sub)
 
     args = parser.parse_args(argv)
     if args.command == "build":
         return args.build_handler(args)
+    if args.command == "flash":
+        return args.flash_handler(args)
     if args.command == "demo":
         from .demo import run_demo
         return run_demo(args.pcap)

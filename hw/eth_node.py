@@ -24,29 +24,46 @@ registers through the control port move both.
 from __future__ import annotations
 
 from amaranth.hdl import Module, Mux, Signal
-from amaranth.lib import wiring
+from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
 from fpgaccl.proto.drops import DROP_COUNTER_BITS
 
 from .datapath.memport import ReadMux, WriteMux, memory_ports
 from .eth.l2 import EthServices
+from .eth.symbols import RxDrop
 from .node import Node
 from .stream.beat import beat_stream
 
 COUNTERS = ("not_for_us", "control_key", "control_malformed")
 """The drop registers this top answers (EthServices' outputs of the same names)."""
 
+MAC_COUNTERS = {RxDrop.BAD_FCS: "bad_fcs", RxDrop.RUNT: "runt", RxDrop.PHY_ERROR: "phy_error",
+                RxDrop.OVERFLOW: "rx_overflow"}
+"""The drop registers answered from the MAC's verdict counters (``mac_frames``) when the
+node sits behind a MAC in the same design (a board); RxDrop.OVERSIZE is left to the
+parser's counter of the same reason."""
+
 
 class EthNode(wiring.Component):
     """``node`` keyword arguments are :class:`Node`'s; ``key`` and ``mem_log2`` the
-    control endpoint's (``mem_log2`` should be the memory behind ``rd_req``/``wr``)."""
+    control endpoint's (``mem_log2`` should be the memory behind ``rd_req``/``wr``).
+    ``mac_counters``: a ``mac_frames`` input takes the MAC's per-verdict frame counts
+    (:attr:`~fpgaccl.hw.eth.mac.Mac.rx_frames`, in ``sync``), read as the drop
+    registers of :data:`MAC_COUNTERS`. ``info``: HELLO fields to override
+    (:data:`~fpgaccl.proto.control.INFO`, e.g. a board's ``clock_ps``)."""
 
     def __init__(self, width: int = 64, *, key: int = 0, mem_log2: int = 32,
+                 mac_counters: bool = False, info: dict[str, int] | None = None,
                  **node) -> None:
         self.width, self.key, self.mem_log2 = width, key, mem_log2
+        self.info = dict(info or {})
+        self.mac_counters = mac_counters
         self.node = Node(width, **node)
+        extra = ({"mac_frames": In(data.ArrayLayout(DROP_COUNTER_BITS, len(RxDrop)))}
+                 if mac_counters else {})
         super().__init__({
+            **extra,
             "rx": In(beat_stream(width)),
             "tx": Out(beat_stream(width)),
             "mac": In(48),
@@ -61,7 +78,8 @@ class EthNode(wiring.Component):
         w = self.width
         m.submodules.node = node = self.node
         m.submodules.svc = svc = EthServices(
-            w, control={"key": self.key, "mem_log2": self.mem_log2, "mtu": self.node.mtu})
+            w, control={"key": self.key, "mem_log2": self.mem_log2, "mtu": self.node.mtu,
+                        **self.info})
         wiring.connect(m, wiring.flipped(self.rx), svc.rx)
         wiring.connect(m, svc.tx, wiring.flipped(self.tx))
         wiring.connect(m, svc.roce_rx, node.rx)
@@ -117,9 +135,11 @@ class EthNode(wiring.Component):
 
         # The boundary's counters: the count since the last write (clear-on-write).
         r_data = node.csr.r_data
-        for name in COUNTERS:
+        counts = {name: getattr(svc, name) for name in COUNTERS}
+        if self.mac_counters:
+            counts.update({name: self.mac_frames[v.value] for v, name in MAC_COUNTERS.items()})
+        for name, count in counts.items():
             addr = rmap.address(f"drops.{name}")
-            count = getattr(svc, name)
             base = Signal(DROP_COUNTER_BITS, name=f"{name}_base")
             picked = Signal(name=f"{name}_read")   # answered the cycle after the strobe
             m.d.sync += picked.eq(bus.r_stb & (bus.addr == addr))

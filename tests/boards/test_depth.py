@@ -105,3 +105,24 @@ def test_block_names():
         "core.transport.requester"
     assert block_of("core.bank.x_TRELLIS_FF_Q", 1) == "core"
     assert block_of("led_TRELLIS_FF_Q") == "led"
+
+
+def test_pll_feedback_is_no_loop(tmp_path):
+    """An EHXPLLL's CLKOP feeds its own CLKFB: a clock loop, not logic; a register fed
+    from an IDDRX1F's output through a LUT is a path that starts in the I/O cell."""
+    pll_ports = {"CLKI": "input", "CLKFB": "input", "CLKOP": "output", "LOCK": "output"}
+    iddr_ports = {"D": "input", "SCLK": "input", "RST": "input", "Q0": "output",
+                  "Q1": "output"}
+    cells = {
+        "pll": {"type": "EHXPLLL", "port_directions": pll_ports,
+                "connections": {"CLKI": [2], "CLKFB": [3], "CLKOP": [3], "LOCK": [4]}},
+        "in.iddr": {"type": "IDDRX1F", "port_directions": iddr_ports,
+                    "connections": {"D": [5], "SCLK": [3], "RST": ["0"], "Q0": [6],
+                                    "Q1": [7]}},
+        "in.lut": lut(6, 8, b=4),
+        "in.r_FF": ff(8, 9, clk=3),
+    }
+    paths = analyse(write(tmp_path, cells, {"in.r": [9]}))
+    assert [p.block for p in paths] == ["in"]
+    assert paths[0].ns == pytest.approx(CLOCK_TO_OUT["IDDRX1F"] + 2 * NET_NS + 0.35
+                                        + SETUP_NS)

