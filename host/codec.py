@@ -12,10 +12,8 @@ then fall back to the numpy reference.
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import os
 import subprocess
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +22,7 @@ from fpgaccl.errors import InvalidArgumentError, MalformedHeaderError
 from fpgaccl.proto import codec as ref
 from fpgaccl.proto.reduce import DType
 
-from .native import _compiler
+from .native import _compiler, build_library
 
 SOURCE = Path(__file__).with_name("codec.c")
 _ERRORS = {-1: "length", -2: "reserved", -3: "k", -4: "base", -5: "z", -6: "code", -7: "length"}
@@ -32,28 +30,6 @@ _ERRORS = {-1: "length", -2: "reserved", -3: "k", -4: "base", -5: "z", -6: "code
 reason = "not loaded yet"
 _lib: ctypes.CDLL | None = None
 _tried = False
-
-
-def _build(cc: str) -> Path:
-    src = SOURCE.read_bytes()
-    digest = hashlib.sha256(src + os.uname().machine.encode() + cc.encode()).hexdigest()[:16]
-    cache = Path(os.environ.get("FPGACCL_CACHE") or Path.home() / ".cache" / "fpgaccl")
-    out = cache / f"codec-{digest}.so"
-    if out.exists():
-        return out
-    cache.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=cache)
-    os.close(fd)
-    try:
-        subprocess.run([cc, "-O3", "-shared", "-fPIC", "-o", tmp, str(SOURCE)], check=True,
-                       capture_output=True, text=True, timeout=120)
-        os.replace(tmp, out)  # atomic: processes building at once all end with one good file
-    except subprocess.CalledProcessError as e:
-        raise OSError(f"{cc} failed: {e.stderr.strip()[-500:]}") from None
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return out
 
 
 def load() -> ctypes.CDLL | None:
@@ -70,7 +46,7 @@ def load() -> ctypes.CDLL | None:
         reason = "no C compiler (set CC, or install gcc)"
         return None
     try:
-        lib = ctypes.CDLL(str(_build(cc)))
+        lib = ctypes.CDLL(str(build_library(SOURCE, "codec", cc, "-O3")))
     except (OSError, subprocess.SubprocessError) as e:
         reason = f"could not build {SOURCE.name}: {e}"
         return None

@@ -165,18 +165,20 @@ def _compiler() -> str | None:
     return None
 
 
-def _build(cc: str) -> Path:
-    src = SOURCE.read_bytes()
+def build_library(source: Path, stem: str, cc: str, opt: str = "-O2") -> Path:
+    """``source`` compiled into a shared library in the user's cache, named after its
+    content, machine and compiler (built once, then reused)."""
+    src = source.read_bytes()
     digest = hashlib.sha256(src + os.uname().machine.encode() + cc.encode()).hexdigest()[:16]
     cache = Path(os.environ.get("FPGACCL_CACHE") or Path.home() / ".cache" / "fpgaccl")
-    out = cache / f"fastpath-{digest}.so"
+    out = cache / f"{stem}-{digest}.so"
     if out.exists():
         return out
     cache.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=cache)
     os.close(fd)
     try:
-        subprocess.run([cc, "-O2", "-shared", "-fPIC", "-o", tmp, str(SOURCE)], check=True,
+        subprocess.run([cc, opt, "-shared", "-fPIC", "-o", tmp, str(source)], check=True,
                        capture_output=True, text=True, timeout=120)
         os.replace(tmp, out)  # atomic: ranks building at once all end with one good file
     except subprocess.CalledProcessError as e:
@@ -205,7 +207,7 @@ def load() -> Fastpath | None:
         reason = "no C compiler (set CC, or install gcc)"
         return None
     try:
-        lib = Fastpath(ctypes.CDLL(str(_build(cc))), *crc)
+        lib = Fastpath(ctypes.CDLL(str(build_library(SOURCE, "fastpath", cc))), *crc)
     except (OSError, subprocess.SubprocessError) as e:
         reason = f"could not build {SOURCE.name}: {e}"
         return None
