@@ -22,6 +22,7 @@ import math
 import operator
 import os
 import threading
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -241,6 +242,7 @@ class Communicator:
         self._lock = threading.Lock()
         self._closed = False
         self._aborted = False
+        self._subs: weakref.WeakSet[Communicator] = weakref.WeakSet()  # abort() reaches them
         self.flight = FlightRecorder(label, rank, world_size)
 
     @property
@@ -966,6 +968,7 @@ class Communicator:
         sub = Communicator.__new__(Communicator)
         sub._setup(rank, world_size, self.backend, self.deadline_s, self.check_calls, label)
         sub.impl = impl
+        self._subs.add(sub)
         return sub
 
     def _allgather_bytes(self, data: bytes) -> list[bytes]:
@@ -994,11 +997,12 @@ class Communicator:
     def abort(self) -> None:
         """Fail every pending call of this communicator at once with
         :class:`~fpgaccl.errors.AbortedError`, from any thread, and free its engine's
-        ports; later calls raise it too. Peers are not told: their calls fail on their
-        own deadline or peer timeout (or abort there too). A new communicator can be
-        built in this process afterwards (a new rendezvous). UnsupportedError on a
-        backend that cannot stop a call in flight (sim, board: their calls run on the
-        caller's thread)."""
+        ports; later calls raise it too, and the same holds for every sub-communicator
+        split from it (recursively). Peers are not told: their calls fail on their own
+        deadline or peer timeout (or abort there too). A new communicator can be built
+        in this process afterwards (a new rendezvous). UnsupportedError on a backend that
+        cannot stop a call in flight (sim, board: their calls run on the caller's
+        thread)."""
         abort = getattr(self.impl, "abort", None)
         if abort is None:
             raise UnsupportedError("backend", f"the {self.backend} backend runs each call on "
@@ -1009,6 +1013,8 @@ class Communicator:
             self._aborted = self._closed = True
         rank = self.rank
         abort(lambda name: AbortedError(name, rank))
+        for sub in list(self._subs):
+            sub.abort()
 
     def flight_record(self) -> list[dict[str, Any]]:
         """The last calls of this communicator, oldest first (:mod:`fpgaccl.host.flight`):

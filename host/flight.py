@@ -47,7 +47,10 @@ class Entry:
     def __init__(self, fields: tuple, job: Any) -> None:
         self.fields = fields
         self.job = job
-        self.start = time.time()
+        # A caller may run its job to the end before the call is recorded: the job's own
+        # creation is the start.
+        created = getattr(job, "created", 0.0)
+        self.start = created + _WALL_OFFSET if created else time.time()
         self.end: float | None = None
         self.state = "pending"
         self.error: str | None = None

@@ -95,6 +95,7 @@ class Job:
         self.progress_at = 0.0  # when the job resumed or the transport last moved
         self.mark: tuple | None = None  # the transport's position then
         self.probe_at = 0.0
+        self.created = time.monotonic()  # the flight recorder's start of the call
         self.ended = 0.0  # monotonic: the flight recorder's end of the call
 
     def finish(self, error: BaseException | None = None) -> None:

@@ -201,6 +201,43 @@ def test_abort_fails_every_pending_call_at_once_and_a_new_world_forms() -> None:
         assert res[r]["again"] == [3.0] * 4 and res[r]["same_address"]
 
 
+def _abort_reaches_subs(comm) -> dict:
+    sub = comm.split(0, comm.rank)
+    inner = sub.split(0, comm.rank)
+    out: dict = {}
+    if comm.rank == 0:
+        # Calls rank 1 never makes, on both levels: only the parent's abort() ends them.
+        handles = [c.allreduce(np.ones(10, np.float32), async_op=True) for c in (sub, inner)]
+        t0 = time.monotonic()
+        threading.Timer(0.3, comm.abort).start()
+        names = []
+        for h in handles:
+            try:
+                h.wait()
+            except AbortedError as e:
+                names.append(e.operation)
+        out["waited_s"] = time.monotonic() - t0
+        out["names"] = names
+    else:
+        time.sleep(0.6)
+        comm.abort()
+    for c in (sub, inner):
+        try:
+            c.allreduce(np.ones(4, np.float32))
+        except AbortedError:
+            out.setdefault("later", []).append("AbortedError")
+    return out
+
+
+def test_abort_reaches_the_sub_communicators_split_from_it() -> None:
+    res = all_ok(run_world(2, _abort_reaches_subs, timeout=90, comm_kw={"deadline_s": 30},
+                           _close=False))
+    assert res[0]["names"] == ["allreduce", "allreduce"]
+    assert res[0]["waited_s"] < 5, res[0]  # not the 30 s deadline
+    for r in (0, 1):
+        assert res[r]["later"] == ["AbortedError"] * 2
+
+
 def _recorded(comm) -> list:
     x = np.arange(8, dtype=np.int32)
     comm.allreduce(x.copy(), op="max", tag="t")
