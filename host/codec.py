@@ -12,8 +12,6 @@ then fall back to the numpy reference.
 from __future__ import annotations
 
 import ctypes
-import os
-import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +20,7 @@ from fpgaccl.errors import InvalidArgumentError, MalformedHeaderError
 from fpgaccl.proto import codec as ref
 from fpgaccl.proto.reduce import DType
 
-from .native import _compiler, build_library
+from .native import open_library
 
 SOURCE = Path(__file__).with_name("codec.c")
 _ERRORS = {-1: "length", -2: "reserved", -3: "k", -4: "base", -5: "z", -6: "code", -7: "length"}
@@ -38,17 +36,8 @@ def load() -> ctypes.CDLL | None:
     if _tried:
         return _lib
     _tried = True
-    if os.environ.get("FPGACCL_NATIVE", "1") == "0":
-        reason = "turned off by FPGACCL_NATIVE=0"
-        return None
-    cc = _compiler()
-    if cc is None:
-        reason = "no C compiler (set CC, or install gcc)"
-        return None
-    try:
-        lib = ctypes.CDLL(str(build_library(SOURCE, "codec", cc, "-O3")))
-    except (OSError, subprocess.SubprocessError) as e:
-        reason = f"could not build {SOURCE.name}: {e}"
+    lib, reason = open_library(SOURCE, "codec", "-O3")
+    if lib is None:
         return None
     if lib.cc_block() != ref.BLOCK:
         reason = f"{SOURCE.name} codes blocks of {lib.cc_block()}, proto of {ref.BLOCK}"

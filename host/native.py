@@ -189,6 +189,19 @@ def build_library(source: Path, stem: str, cc: str, opt: str = "-O2") -> Path:
     return out
 
 
+def open_library(source: Path, stem: str, opt: str = "-O2") -> tuple[ctypes.CDLL | None, str]:
+    """``source`` built (see :func:`build_library`) and loaded, or None; and why not."""
+    if os.environ.get("FPGACCL_NATIVE", "1") == "0":
+        return None, "turned off by FPGACCL_NATIVE=0"
+    cc = _compiler()
+    if cc is None:
+        return None, "no C compiler (set CC, or install gcc)"
+    try:
+        return ctypes.CDLL(str(build_library(source, stem, cc, opt))), "built"
+    except (OSError, subprocess.SubprocessError) as e:
+        return None, f"could not build {source.name}: {e}"
+
+
 def load() -> Fastpath | None:
     """The library, built if needed; None (see :data:`reason`) when unavailable."""
     global _lib, _tried, reason
@@ -202,15 +215,10 @@ def load() -> Fastpath | None:
     if crc is None:
         reason = "no CRC-32 library (ISA-L or zlib) to call"
         return None
-    cc = _compiler()
-    if cc is None:
-        reason = "no C compiler (set CC, or install gcc)"
+    cdll, reason = open_library(SOURCE, "fastpath")
+    if cdll is None:
         return None
-    try:
-        lib = Fastpath(ctypes.CDLL(str(build_library(SOURCE, "fastpath", cc))), *crc)
-    except (OSError, subprocess.SubprocessError) as e:
-        reason = f"could not build {SOURCE.name}: {e}"
-        return None
+    lib = Fastpath(cdll, *crc)
     probe = bytes(range(256)) * 5
     got = _CRC(crc[0].value)(0x1234, probe, len(probe))
     if got != zlib.crc32(probe, 0x1234) or got != wire.crc32(probe, 0x1234):
