@@ -13,6 +13,21 @@ from amaranth.hdl import Cat, Const, Module, Mux, Signal, Value
 from fpgaccl.proto.codec import BLOCK, HEADER_BYTES, Format
 
 
+def beats_per_block(f: Format, width: int) -> int:
+    """Beats of ``width`` bits in one raw block; ValueError where the width does not hold
+    whole elements or divide a block at least twice (both units' parameters)."""
+    block_bits = BLOCK * f.bits
+    if width % f.bits or block_bits % width or width > block_bits // 2:
+        raise ValueError(f"width {width} must hold whole elements and divide a block "
+                         f"({block_bits} bits) at least twice")
+    return block_bits // width
+
+
+def buffer_bytes(f: Format, width: int) -> int:
+    """A unit's byte buffer: the longest coded block and two beats of backlog."""
+    return f.max_block_bytes + 2 * width // 8
+
+
 def _tree(values: list[Value], pick_first) -> Value:
     while len(values) > 1:
         pairs = [Mux(pick_first(a, b), a, b)

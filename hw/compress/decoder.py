@@ -9,7 +9,7 @@ from amaranth.lib.wiring import In, Out
 from fpgaccl.proto.codec import BLOCK, HEADER_BYTES, Format
 
 from ..stream.beat import beat_layout
-from .block import decode_block, header_length
+from .block import beats_per_block, buffer_bytes, decode_block, header_length
 from .encoder import keep_mask
 
 __all__ = ["BlockDecoder", "coded_beat_layout", "decoded_beat_layout"]
@@ -43,14 +43,10 @@ class BlockDecoder(wiring.Component):
     """
 
     def __init__(self, fmt: Format, width: int) -> None:
-        block_bits = BLOCK * fmt.bits
-        if width % fmt.bits or block_bits % width or width > block_bits // 2:
-            raise ValueError(f"width {width} must hold whole elements and divide a block "
-                             f"({block_bits} bits) at least twice")
         self.fmt = fmt
         self.width = width
-        self.beats = block_bits // width
-        self.buffer_bytes = fmt.max_block_bytes + 2 * width // 8
+        self.beats = beats_per_block(fmt, width)
+        self.buffer_bytes = buffer_bytes(fmt, width)
         super().__init__({"i": In(stream.Signature(coded_beat_layout(width))),
                           "o": Out(stream.Signature(decoded_beat_layout(width))),
                           "errors": Out(32)})

@@ -9,7 +9,7 @@ from amaranth.lib.wiring import In, Out
 from fpgaccl.proto.codec import BLOCK, Format
 
 from ..stream.beat import beat_layout
-from .block import encode_block
+from .block import beats_per_block, buffer_bytes, encode_block
 
 __all__ = ["BlockEncoder"]
 
@@ -34,14 +34,10 @@ class BlockEncoder(wiring.Component):
     """
 
     def __init__(self, fmt: Format, width: int) -> None:
-        block_bits = BLOCK * fmt.bits
-        if width % fmt.bits or block_bits % width or width > block_bits // 2:
-            raise ValueError(f"width {width} must hold whole elements and divide a block "
-                             f"({block_bits} bits) at least twice")
         self.fmt = fmt
         self.width = width
-        self.beats = block_bits // width
-        self.buffer_bytes = fmt.max_block_bytes + 2 * width // 8
+        self.beats = beats_per_block(fmt, width)
+        self.buffer_bytes = buffer_bytes(fmt, width)
         super().__init__({"i": In(stream.Signature(beat_layout(width))),
                           "o": Out(stream.Signature(beat_layout(width)))})
 
