@@ -155,6 +155,39 @@ __attribute__((target("avx2"))) static inline void bf16_split(const uint8_t *src
     *sm = _mm256_permute4x64_epi64(_mm256_packus_epi16(sa, sb), 0xD8);
 }
 
+/* Bit planes first..first+n-1 of two registers of bytes -> n*8 bytes. */
+__attribute__((target("avx2"))) static inline void planes_out2(__m256i a, __m256i b, int first,
+                                                               int n, uint8_t *o) {
+    __m128i s = _mm_cvtsi32_si128(8 - first - n);
+    a = _mm256_sll_epi16(a, s);
+    b = _mm256_sll_epi16(b, s);
+    for (int j = n - 1; j >= 0; j--) {
+        uint32_t wa = (uint32_t)_mm256_movemask_epi8(a), wb = (uint32_t)_mm256_movemask_epi8(b);
+        put64(o + 8 * j, (uint64_t)wb << 32 | wa);
+        a = _mm256_add_epi8(a, a);
+        b = _mm256_add_epi8(b, b);
+    }
+}
+
+/* The 64 exponents as k offset planes from base (with z, exact zeros code 0 and the
+   others sit one above): a coded block's last field; returns its end. */
+__attribute__((target("avx2"))) static inline uint8_t *exp_planes_out(__m256i e0, __m256i e1,
+                                                                      int k, int z, int base,
+                                                                      uint8_t *o) {
+    __m256i c0, c1;
+    if (z) {
+        __m256i off = _mm256_set1_epi8((char)(base - 1)), zero = _mm256_setzero_si256();
+        c0 = _mm256_andnot_si256(_mm256_cmpeq_epi8(e0, zero), _mm256_sub_epi8(e0, off));
+        c1 = _mm256_andnot_si256(_mm256_cmpeq_epi8(e1, zero), _mm256_sub_epi8(e1, off));
+    } else {
+        __m256i off = _mm256_set1_epi8((char)base);
+        c0 = _mm256_sub_epi8(e0, off);
+        c1 = _mm256_sub_epi8(e1, off);
+    }
+    planes_out2(c0, c1, 0, k, o);
+    return o + 8 * k;
+}
+
 __attribute__((target("avx2"))) static uint8_t *enc_block_bf16(const uint8_t *src, uint8_t *o) {
     __m256i e0, e1, s0, s1;
     bf16_split(src, &e0, &s0);
@@ -170,26 +203,7 @@ __attribute__((target("avx2"))) static uint8_t *enc_block_bf16(const uint8_t *sr
     _mm256_storeu_si256((__m256i *)(o + 34), s1);
     o += 66;
     if (k == 0) return o;
-    __m256i c0, c1;
-    if (z) {
-        __m256i off = _mm256_set1_epi8((char)(base - 1)), zero = _mm256_setzero_si256();
-        c0 = _mm256_andnot_si256(_mm256_cmpeq_epi8(e0, zero), _mm256_sub_epi8(e0, off));
-        c1 = _mm256_andnot_si256(_mm256_cmpeq_epi8(e1, zero), _mm256_sub_epi8(e1, off));
-    } else {
-        __m256i off = _mm256_set1_epi8((char)base);
-        c0 = _mm256_sub_epi8(e0, off);
-        c1 = _mm256_sub_epi8(e1, off);
-    }
-    /* bit j of each byte to its top, for movemask; the 16-bit shift keeps bytes apart */
-    c0 = _mm256_slli_epi16(c0, 8 - k);
-    c1 = _mm256_slli_epi16(c1, 8 - k);
-    for (int j = k - 1; j >= 0; j--) {
-        uint32_t w0 = (uint32_t)_mm256_movemask_epi8(c0), w1 = (uint32_t)_mm256_movemask_epi8(c1);
-        put64(o + 8 * j, (uint64_t)w1 << 32 | w0);
-        c0 = _mm256_add_epi8(c0, c0);
-        c1 = _mm256_add_epi8(c1, c1);
-    }
-    return o + 8 * k;
+    return exp_planes_out(e0, e1, k, z, base, o);
 }
 
 /* 32 bits -> 32 bytes, 0xFF where the bit is set. */
@@ -359,20 +373,6 @@ __attribute__((target("avx2"))) static inline void fp16_split(const uint8_t *src
     *s1 = _mm256_permute4x64_epi64(_mm256_packus_epi16(ha, hb), 0xD8);
 }
 
-/* Bit planes first..first+n-1 of two registers of bytes -> n*8 bytes. */
-__attribute__((target("avx2"))) static inline void planes_out2(__m256i a, __m256i b, int first,
-                                                               int n, uint8_t *o) {
-    __m128i s = _mm_cvtsi32_si128(8 - first - n);
-    a = _mm256_sll_epi16(a, s);
-    b = _mm256_sll_epi16(b, s);
-    for (int j = n - 1; j >= 0; j--) {
-        uint32_t wa = (uint32_t)_mm256_movemask_epi8(a), wb = (uint32_t)_mm256_movemask_epi8(b);
-        put64(o + 8 * j, (uint64_t)wb << 32 | wa);
-        a = _mm256_add_epi8(a, a);
-        b = _mm256_add_epi8(b, b);
-    }
-}
-
 __attribute__((target("avx2"))) static uint8_t *enc_block_fp16(const uint8_t *src, uint8_t *o) {
     __m256i e0, e1, l0, l1, h0, h1;
     fp16_split(src, &e0, &l0, &h0);
@@ -389,18 +389,7 @@ __attribute__((target("avx2"))) static uint8_t *enc_block_fp16(const uint8_t *sr
     planes_out2(h0, h1, 0, 3, o + 66);
     o += 90;
     if (k == 0) return o;
-    __m256i c0, c1;
-    if (z) {
-        __m256i off = _mm256_set1_epi8((char)(base - 1)), zero = _mm256_setzero_si256();
-        c0 = _mm256_andnot_si256(_mm256_cmpeq_epi8(e0, zero), _mm256_sub_epi8(e0, off));
-        c1 = _mm256_andnot_si256(_mm256_cmpeq_epi8(e1, zero), _mm256_sub_epi8(e1, off));
-    } else {
-        __m256i off = _mm256_set1_epi8((char)base);
-        c0 = _mm256_sub_epi8(e0, off);
-        c1 = _mm256_sub_epi8(e1, off);
-    }
-    planes_out2(c0, c1, 0, k, o);
-    return o + 8 * k;
+    return exp_planes_out(e0, e1, k, z, base, o);
 }
 
 /* 32 float16 from their exponent, low and high sign/mantissa bytes (in element order). */
