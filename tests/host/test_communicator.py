@@ -156,22 +156,27 @@ def _loopback_port(comm) -> int:
     return int(hi) << 8 | int(lo)
 
 
+def _abort_pending(comm, handles: list) -> tuple[list[str], float]:
+    """``comm.abort()`` 0.3 s from now, from another thread: the operations ``handles``
+    failed with AbortedError, and how long waiting for them took."""
+    t0 = time.monotonic()
+    threading.Timer(0.3, comm.abort).start()
+    names = []
+    for h in handles:
+        try:
+            h.wait()
+        except AbortedError as e:
+            names.append(e.operation)
+    return names, time.monotonic() - t0
+
+
 def _abort_then_rebuild(comm) -> dict:
     port = _loopback_port(comm)
     out: dict = {}
     if comm.rank == 0:
         # Three calls rank 1 never makes: only abort() can end them before the deadline.
         handles = [comm.allreduce(np.ones(100, np.float32), async_op=True) for _ in range(3)]
-        t0 = time.monotonic()
-        threading.Timer(0.3, comm.abort).start()
-        errors = []
-        for h in handles:
-            try:
-                h.wait()
-            except AbortedError as e:
-                errors.append(e.operation)
-        out["waited_s"] = time.monotonic() - t0
-        out["errors"] = errors
+        out["errors"], out["waited_s"] = _abort_pending(comm, handles)
         out["record"] = [(e["seq"], e["state"], (e["error"] or "").split(":")[0])
                          for e in comm.flight_record()]
     else:
@@ -208,16 +213,7 @@ def _abort_reaches_subs(comm) -> dict:
     if comm.rank == 0:
         # Calls rank 1 never makes, on both levels: only the parent's abort() ends them.
         handles = [c.allreduce(np.ones(10, np.float32), async_op=True) for c in (sub, inner)]
-        t0 = time.monotonic()
-        threading.Timer(0.3, comm.abort).start()
-        names = []
-        for h in handles:
-            try:
-                h.wait()
-            except AbortedError as e:
-                names.append(e.operation)
-        out["waited_s"] = time.monotonic() - t0
-        out["names"] = names
+        out["names"], out["waited_s"] = _abort_pending(comm, handles)
     else:
         time.sleep(0.6)
         comm.abort()
