@@ -118,6 +118,12 @@ def chain_segments(nbytes: int) -> int:
     return max(4, min(64, nbytes // CHAIN_SEGMENT_BYTES))
 
 
+
+def _same_dtype(s: UserBuffer, r: UserBuffer) -> None:
+    if r.array.dtype != s.array.dtype:
+        raise DtypeMismatchError("recvbuf", f"{r.array.dtype} differs from sendbuf's "
+                                 f"{s.array.dtype}")
+
 class Handle:
     """An in-flight collective: ``wait()`` returns its result, ``test()`` polls it."""
 
@@ -379,9 +385,7 @@ class Communicator:
         if recvbuf is None or recvbuf is sendbuf:
             return s, s, True
         r = as_buffer(recvbuf, "recvbuf", writable=True)
-        if r.array.dtype != s.array.dtype:
-            raise DtypeMismatchError("recvbuf", f"{r.array.dtype} differs from sendbuf's "
-                                     f"{s.array.dtype}")
+        _same_dtype(s, r)
         same = s.array.ctypes.data == r.array.ctypes.data and s.array.nbytes == r.array.nbytes
         return s, r, same
 
@@ -565,9 +569,7 @@ class Communicator:
             out = s.array[self.rank * n:(self.rank + 1) * n]
         else:
             r = as_buffer(recvbuf, "recvbuf", writable=True)
-            if r.array.dtype != s.array.dtype:
-                raise DtypeMismatchError("recvbuf", f"{r.array.dtype} differs from sendbuf's "
-                                         f"{s.array.dtype}")
+            _same_dtype(s, r)
             if r.array.size != n:
                 raise CountMismatchError("recvbuf", f"{r.array.size} elements, expected "
                                          f"sendbuf size / world_size = {n}")
@@ -609,9 +611,7 @@ class Communicator:
         else:
             s = as_buffer(sendbuf, "sendbuf")
             r = as_buffer(recvbuf, "recvbuf", writable=True)
-            if r.array.dtype != s.array.dtype:
-                raise DtypeMismatchError("recvbuf", f"{r.array.dtype} differs from sendbuf's "
-                                         f"{s.array.dtype}")
+            _same_dtype(s, r)
             n = s.array.size
             if r.array.size != n * p:
                 raise CountMismatchError("recvbuf", f"{r.array.size} elements, expected "
@@ -652,9 +652,7 @@ class Communicator:
             r = s
         else:
             r = as_buffer(recvbuf, "recvbuf", writable=True)
-            if r.array.dtype != s.array.dtype:
-                raise DtypeMismatchError("recvbuf", f"{r.array.dtype} differs from sendbuf's "
-                                         f"{s.array.dtype}")
+            _same_dtype(s, r)
             if r.array.size < s.array.size:
                 raise CountMismatchError("recvbuf", f"{r.array.size} elements cannot hold the "
                                          "blocks")
@@ -683,9 +681,7 @@ class Communicator:
                 raise InvalidArgumentError("recvbuf", "the root of a gather needs a receive "
                                            f"buffer of {n} x {p} elements")
             r = as_buffer(recvbuf, "recvbuf", writable=True)
-            if r.array.dtype != s.array.dtype:
-                raise DtypeMismatchError("recvbuf", f"{r.array.dtype} differs from sendbuf's "
-                                         f"{s.array.dtype}")
+            _same_dtype(s, r)
             if r.array.size != n * p:
                 raise CountMismatchError("recvbuf", f"{r.array.size} elements, expected "
                                          f"{n} x {p}")
@@ -718,9 +714,7 @@ class Communicator:
         s: UserBuffer | None = None
         if me == root:
             s = as_buffer(sendbuf, "sendbuf")
-            if s.array.dtype != r.array.dtype:
-                raise DtypeMismatchError("recvbuf", f"{r.array.dtype} differs from sendbuf's "
-                                         f"{s.array.dtype}")
+            _same_dtype(s, r)
             if s.array.size != n * p:
                 raise CountMismatchError("sendbuf", f"{s.array.size} elements, expected "
                                          f"recvbuf's {n} x {p}")
@@ -777,9 +771,7 @@ class Communicator:
     def _alltoallv_padded(self, s: UserBuffer, recvbuf: Any, sc: list[int], sd: list[int],
                           rc: list[int], rd: list[int], async_op: bool) -> Any:
         r = as_buffer(recvbuf, "recvbuf", writable=True)
-        if r.array.dtype != s.array.dtype:
-            raise DtypeMismatchError("recvbuf", f"{r.array.dtype} differs from sendbuf's "
-                                     f"{s.array.dtype}")
+        _same_dtype(s, r)
         if max(d + c for d, c in zip(rd, rc, strict=True)) > r.array.size:
             raise CountMismatchError("recvcounts", f"{r.array.size} elements cannot hold "
                                      "the blocks")
@@ -823,9 +815,7 @@ class Communicator:
         else:
             r = as_buffer(recvbuf, "recvbuf", writable=True)
             inplace = np.shares_memory(r.array, s.array)
-            if r.array.dtype != s.array.dtype:
-                raise DtypeMismatchError("recvbuf", f"{r.array.dtype} differs from sendbuf's "
-                                         f"{s.array.dtype}")
+            _same_dtype(s, r)
         if max(d + c for d, c in zip(rd, rc, strict=True)) > r.array.size:
             raise CountMismatchError("recvbuf" if name == "alltoall" else "recvcounts",
                                      f"{r.array.size} elements cannot hold the blocks")
