@@ -30,6 +30,8 @@ import uuid
 import numpy as np
 import pytest
 
+from ._procs import stop
+
 NET = "10.213.9"
 KERNEL_IP = f"{NET}.1"
 NODE_IPS = (f"{NET}.2", f"{NET}.3")
@@ -157,16 +159,6 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(40)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-
-
 @pytest.fixture(scope="module")
 def net():
     if os.geteuid() != 0:
@@ -213,7 +205,7 @@ def net():
         yield {"ns": ns, "taps": taps, "bridge": br}
     finally:
         for p in nodes:
-            _stop(p)
+            stop(p)
         _sh("ip", "netns", "del", ns, check=False)
     for p in nodes:
         assert p.returncode == 0, f"fpgaccl node exited with {p.returncode}"

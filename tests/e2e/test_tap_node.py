@@ -14,13 +14,14 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import time
 import uuid
 
 import pytest
+
+from ._procs import stop
 
 NODE_IP = "10.213.7.2"
 KEY = 0x5EC12E7
@@ -115,13 +116,7 @@ def node():
         assert f"MAC {DEFAULT_MAC}" in line and f"IP {NODE_IP}" in line, line
         yield {"ns": ns, "tap": tap, "ip": NODE_IP, "mac": DEFAULT_MAC}
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(40)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        stop(proc)
         left = os.path.exists(f"/var/run/netns/{ns}")
         if left:
             _sh("ip", "netns", "del", ns)
