@@ -12,14 +12,13 @@ Irecv/Isend/Waitall does.
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING, Any
 
-from fpgaccl.errors import RanksTimeoutError, TransportError
+from fpgaccl.errors import CollectiveMismatchError, RanksTimeoutError, TransportError
 
 from .qp import Completion
 
@@ -186,9 +185,14 @@ class Jobs:
         copies) must run before the caller has its buffers back, not whenever and
         wherever the generator is collected."""
         for job in self.running:
-            with contextlib.suppress(Exception):
+            own = None
+            try:
                 job.program.close()
-            job.finish(error(job))
+            except CollectiveMismatchError as e:  # what the call had found before it failed
+                own = e
+            except Exception:
+                pass
+            job.finish(own or error(job))
         self.running.clear()
 
     def finish_all(self, error: BaseException) -> None:

@@ -219,6 +219,12 @@ class SoftwareBackend:
                                        check_lengths=run.check_lengths, signatures=sig)
                     if direct is None:
                         run.put_out(region.view(Buf.OUT, run.np_dtype, s.count), s.lo, s.hi)
+            except GeneratorExit:
+                # The transport failed under the call (a peer that raised the same
+                # mismatch and left): a mismatch already known is still what to report.
+                if sig is not None and sig.notice() is not None:
+                    raise sig.error from None
+                raise
             finally:
                 if sig is not None:
                     sig.close()

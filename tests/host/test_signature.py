@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fpgaccl.errors import CollectiveMismatchError, CountMismatchError
+from fpgaccl.errors import CollectiveMismatchError, CountMismatchError, FpgacclError
 from fpgaccl.proto.reduce import DType, ReduceOp
 from fpgaccl.proto.signature import Kind, Signature, difference
 
@@ -34,8 +34,16 @@ def _call(comm, what: str, n: list[int], dtype: list[str], op: list[str], root: 
             order = [a, b] if r % 2 == 0 else [b, a]
             hs = [comm.allreduce(v, op="sum", async_op=True, tag=tag[r][i])
                   for i, v in enumerate(order)]
+            # Every handle is waited on before the rank leaves (a later one fails as
+            # aborted by the first): the first error is the one the rank reports.
+            first = None
             for h in hs:
-                h.wait()
+                try:
+                    h.wait()
+                except FpgacclError as e:
+                    first = first or e
+            if first is not None:
+                raise first
             return ("ok",)
     except (CollectiveMismatchError, CountMismatchError) as e:
         unchanged = np.array_equal(x, xs) and np.array_equal(y, ys)
