@@ -45,7 +45,7 @@ from fpgaccl.hw.sequencer.engine import Sequencer
 from fpgaccl.hw.stream.beat import beat_layout, beat_stream
 from fpgaccl.hw.stream.skid import SkidBuffer
 from fpgaccl.hw.transport.transport import Transport
-from fpgaccl.proto.drops import DROP_COUNTER_BITS, ETH_DROPS, SOFTWARE_DROPS, DropReason
+from fpgaccl.proto.drops import DROP_COUNTER_BITS, ETH_DROPS, DropReason
 from fpgaccl.proto.headers import IPV4
 from fpgaccl.proto.opcodes import ETHERTYPE_IPV4, IP_PROTO_UDP, ROCEV2_UDP_PORT
 from fpgaccl.proto.reduce import DType, ReduceOp
@@ -110,12 +110,13 @@ class Node(wiring.Component):
 
         wiring.connect(m, wiring.flipped(self.csr), bank.bus)
 
-        # Network receive: parser -> transport (the transport needs no L2-L4 fields).
+        # Network receive: parser -> transport (of L2-L4 it needs only the IPv4 source).
         wiring.connect(m, wiring.flipped(self.rx), parser.i)
         rec = parser.hdr.payload
         for f in ("bth", "reth", "aeth", "immdt", "has_reth", "has_aeth", "has_immdt",
                   "payload_len"):
             m.d.comb += getattr(tp.rx_hdr.payload, f).eq(getattr(rec, f))
+        m.d.comb += tp.rx_hdr.payload.src_ip.eq(rec.ip.src)
         m.d.comb += [tp.rx_hdr.valid.eq(parser.hdr.valid), parser.hdr.ready.eq(tp.rx_hdr.ready)]
         # The payload FIFO's block-RAM output through a register slice: its clock-to-out
         # started the node's deepest path (payload `last` -> the header FIFO's pop ->
@@ -192,13 +193,12 @@ class Node(wiring.Component):
 
         # Drop counters: the parser counts the frame-level reasons, the transport the
         # rest; each reason has exactly one owner. The network boundary's reasons
-        # (hw/eth) read zero: this node has no MAC yet, its frames arrive checked; so do
-        # the software engine's own (the transport never sees the IP/UDP source).
+        # (hw/eth) read zero: this node has no MAC yet, its frames arrive checked.
         for reason in DropReason:
             if reason is DropReason.OVERSIZE:
                 m.d.comb += bank.drops_sts.oversize.value.eq(parser.oversize)
                 continue
-            if reason in ETH_DROPS or reason in SOFTWARE_DROPS:
+            if reason in ETH_DROPS:
                 m.d.comb += getattr(bank.drops_sts, reason.name.lower()).value.eq(0)
                 continue
             src = []

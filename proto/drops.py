@@ -49,8 +49,4 @@ ETH_DROPS = frozenset({DropReason.BAD_FCS, DropReason.RUNT, DropReason.PHY_ERROR
 """Reasons only the network boundary (``hw/eth``: MAC, demux, control port) gives; a node
 without it reads them as zero."""
 
-SOFTWARE_DROPS = frozenset({DropReason.WRONG_SOURCE})
-"""Reasons only the software engine gives: the HDL transport's header record carries no
-IP or UDP source to check (see hw/transport/responder.py); a node reads them as zero."""
-
 DROP_COUNTER_BITS = 32

@@ -2,8 +2,9 @@
 
 The header record is the transport-level half of the parser's/builder's
 :data:`fpgaccl.hw.net.record.RECORD` (same field names and layouts, so a node wires one
-to the other field by field): the transport never looks at Ethernet/IPv4/UDP, and on
-transmit it says which QP context (``qp``) the builder takes the peer's addresses from.
+to the other field by field): of Ethernet/IPv4/UDP the transport sees only the IPv4
+source (``src_ip``, checked against the QP's peer), and on transmit it says which QP
+context (``qp``) the builder takes the peer's addresses from.
 """
 
 from __future__ import annotations
@@ -28,9 +29,11 @@ HDR = data.StructLayout({
     "has_immdt": 1,
     "payload_len": PAYLOAD_LEN_BITS,
     "qp": QP_BITS,
+    "src_ip": 32,
 })
 """One packet's transport headers. ``payload_len`` excludes BTH pad; ``qp`` is the local
-QP index on transmit (unused on receive)."""
+QP index on transmit (unused on receive); ``src_ip`` the IPv4 source on receive (unused
+on transmit): only a QP's peer speaks for it."""
 
 WRITE_DESC = data.StructLayout({
     "qp": QP_BITS,

@@ -27,6 +27,8 @@ from that offset -- nothing is buffered for retransmission.
 * An ACK/NAK for a PSN not outstanding (but an ACK of ``una - 1``, the answer to a
   duplicate) does nothing and is counted (``ack_psn_invalid``: the drop reason
   ``ACK_PSN_INVALID``), so a forged or stale NAK cannot fail the QP or force a resend.
+* An ACK/NAK whose IPv4 source is not the QP's ``peer_ip`` does nothing and is counted
+  (``wrong_source``: ``WRONG_SOURCE``).
 * Nothing acknowledged for ``timeout << min(retries, 3)`` cycles while packets are out
   (the host model's exponential backoff, capped): rewind to ``una``; after
   ``max_retries`` such timeouts in a row the descriptor completes RETRY_EXCEEDED and the
@@ -93,6 +95,7 @@ class Requester(wiring.Component):
             "naks_rx": Out(32),
             "bad_qpn": Out(32),
             "ack_psn_invalid": Out(32),
+            "wrong_source": Out(32),
         })
 
     def elaborate(self, platform) -> Module:
@@ -292,13 +295,19 @@ class Requester(wiring.Component):
             m.d.sync += self.cmpl.valid.eq(0)
 
         a_hit, a_q = qp_lookup(m, self.qp_ctl, nqp, a.bth.dqpn, QPState.RTS, "ack_qp")
+        # Only the QP's peer may ACK or NAK for it (an ACK from elsewhere is counted,
+        # ``wrong_source``, and does nothing).
+        a_src = Cat(*(self.qp_ctl[i].peer_ip.value == a.src_ip for i in range(nqp)))
+        a_src_ok = a_src.bit_select(a_q, 1)
         b_v = Signal()
         hit = Signal()
+        wrong = Signal()
         aq = Signal(range(max(nqp, 2)))
         p = Signal(PSN_BITS)
         syndrome = Signal(8)
         with m.If(a_v & ~b_v):
-            m.d.sync += [b_v.eq(1), a_v.eq(0), hit.eq(a_hit), aq.eq(a_q),
+            m.d.sync += [b_v.eq(1), a_v.eq(0), hit.eq(a_hit & a_src_ok),
+                         wrong.eq(a_hit & ~a_src_ok), aq.eq(a_q),
                          p.eq(a.bth.psn), syndrome.eq(a.aeth.syndrome)]
         b_old = Signal()        # b has waited its cycle: the flags below are its own
         m.d.sync += b_old.eq(b_v)
@@ -419,7 +428,9 @@ class Requester(wiring.Component):
                 pass
             with m.Elif(b_v):
                 m.d.sync += b_v.eq(0)
-                with m.If(~hit):
+                with m.If(wrong):
+                    sat_inc(m, self.wrong_source)
+                with m.Elif(~hit):
                     sat_inc(m, self.bad_qpn)
                 with m.If(naks):
                     sat_inc(m, self.naks_rx)

@@ -5,6 +5,9 @@ coalesced ACK / NAK generation. The gateware twin of the receive half of
 Per received header (from the parser, payload after it on ``data``):
 
 * unknown or not-ready QPN: dropped, ``BAD_QPN``;
+* an IPv4 source other than the QP's ``peer_ip``: dropped, ``WRONG_SOURCE`` (anyone can
+  seal an ICRC; the UDP source port is RoCEv2's flow entropy, which a sender may vary
+  per flow, so it is not part of the check);
 * PSN behind the expected one: a retransmission, dropped (``PSN_DUPLICATE``) and an ACK
   of ``epsn - 1`` scheduled, so a requester whose ACK was lost learns how far we got;
 * PSN ahead: dropped (``PSN_OUT_OF_ORDER``); one NAK PSN-sequence-error carrying the
@@ -197,7 +200,11 @@ class Responder(wiring.Component):
 
         hit_c, idx_c = qp_lookup(m, self.qp_ctl, nqp, hq.bth.dqpn, QPState.RTR, "rx_qp")
         hit, idx = Signal(), Signal.like(idx_c)
-        m.d.sync += [hit.eq(hit_c), idx.eq(idx_c)]
+        # Every QP's peer address against the source, side by side with the lookup.
+        src_v = Signal(nqp)
+        m.d.sync += [hit.eq(hit_c), idx.eq(idx_c),
+                     src_v.eq(Cat(*(self.qp_ctl[i].peer_ip.value == hq.src_ip
+                                    for i in range(nqp))))]
         k_hit, k_right, k_bound = Signal(nmr), Signal(nmr), Signal(nmr)
         for j in range(nmr):
             mr = self.mr_ctl[j]
@@ -217,6 +224,7 @@ class Responder(wiring.Component):
 
         h = Signal(HDR)
         q_hit, q = Signal(), Signal(range(max(nqp, 2)))
+        q_wrong = Signal()      # a live QP's, from another source: not q_hit
         key_ok, right_ok, bound_ok = Signal(), Signal(), Signal()
         # The opcode's classes are flops, decoded as the header is taken: CHECK's verdict
         # (the node's slowest path once routed) then starts from registers.
@@ -234,7 +242,9 @@ class Responder(wiring.Component):
             m.next = "IDLE"
             with m.If(hq_v & ~hq_new):
                 m.d.comb += take.eq(1)
-                m.d.sync += [h.eq(hq), q_hit.eq(hit), q.eq(idx), key_ok.eq(k_hit.any()),
+                src_ok = src_v.bit_select(idx, 1)
+                m.d.sync += [h.eq(hq), q_hit.eq(hit & src_ok), q_wrong.eq(hit & ~src_ok),
+                             q.eq(idx), key_ok.eq(k_hit.any()),
                              right_ok.eq((first_hot & k_right).any()),
                              bound_ok.eq((first_hot & k_bound).any())]
                 m.d.sync += [flag.eq(v) for flag, v in classes]
@@ -372,6 +382,9 @@ class Responder(wiring.Component):
             with m.State("CHECK"), m.If(~self.cmpl.valid & ~pend):
                 with m.If(pre_ok & ~dup & ~ooo & ~len_bad):
                     accept()
+                with m.Elif(q_wrong):
+                    count(DropReason.WRONG_SOURCE)
+                    after(False)
                 with m.Elif(~q_hit):
                     count(DropReason.BAD_QPN)
                     after(False)

@@ -16,8 +16,8 @@ simple request/response streams that the DMA issue puts AXI behind.
 CSR: ``qp_ctl``/``mr_ctl`` are exactly the CSR bank's ports of the same names (wire
 ``bank.qp_ctl`` to ``transport.qp_ctl``), ``qp_sts`` its ``qp_sts``; ``drops`` is
 indexed by :class:`~fpgaccl.proto.drops.DropReason` (only the transport's reasons count
-here: BAD_QPN, UNKNOWN_OPCODE, PSN_DUPLICATE, PSN_OUT_OF_ORDER, BAD_RKEY, OUT_OF_BOUNDS,
-ACCESS_DENIED, ACK_PSN_INVALID).
+here: BAD_QPN, WRONG_SOURCE, UNKNOWN_OPCODE, PSN_DUPLICATE, PSN_OUT_OF_ORDER, BAD_RKEY,
+OUT_OF_BOUNDS, ACCESS_DENIED, ACK_PSN_INVALID).
 """
 
 from __future__ import annotations
@@ -104,6 +104,8 @@ class Transport(wiring.Component):
         m.d.comb += self.drops[DropReason.BAD_QPN].eq(
             rsp.drops[DropReason.BAD_QPN] + req.bad_qpn)
         m.d.comb += self.drops[DropReason.ACK_PSN_INVALID].eq(req.ack_psn_invalid)
+        m.d.comb += self.drops[DropReason.WRONG_SOURCE].eq(
+            rsp.drops[DropReason.WRONG_SOURCE] + req.wrong_source)
 
         # Receive router: ACKs carry no payload, so the split needs no payload steering.
         is_ack = self.rx_hdr.payload.bth.opcode == Opcode.ACKNOWLEDGE

@@ -13,14 +13,17 @@ from cocotb.triggers import ClockCycles, FallingEdge, RisingEdge
 
 from fpgaccl.hw.transport.layouts import QPState, Status
 from fpgaccl.proto import DropReason
+from fpgaccl.proto.opcodes import Opcode
 from fpgaccl.sim import bench_params
 from fpgaccl.sim.tb.transport_harness import Link, NodeIO
+from fpgaccl.sim.tb.transport_model import from_frame, to_frame
 
 SRC = 0x1000_0000
 DST = 0x2000_0000
 DST_LEN = 1 << 20
 QPN = ((0x000101, 0x000102), (0x000201, 0x000202))  # [node][qp]
 IPS = (0x0A000001, 0x0A000002)
+STRANGER = 0x0A000063
 KEYS = (0x1111_0001, 0x2222_0002)
 
 
@@ -81,8 +84,21 @@ class TB:
             self.cycle += 1
 
 
-async def transfers(dut, *, seed, loss, dup, reorder, count, max_len, max_cycles):
+async def transfers(dut, *, seed, loss, dup, reorder, count, max_len, max_cycles,
+                    forged=None):
+    """``forged``: a list that counts, once each, the copies of node 0's frames sent to
+    node 1 from ``STRANGER`` (its ICRC sealed anew) right behind the real ones."""
     tb = TB(dut, seed=seed, loss=loss, dup=dup, reorder=reorder)
+    if forged is not None:
+        send = tb.nodes[0].out
+
+        def forge(frame: bytes, cycle: int) -> None:
+            send(frame, cycle)
+            h, payload = from_frame(frame)
+            send(to_frame(h, payload, src_ip=STRANGER, dst_ip=IPS[1]), cycle)
+            forged.append(h["bth"]["opcode"])
+
+        tb.nodes[0].out = forge
     await tb.reset()
     rng = tb.rng
     expect = []  # (dst node, va, bytes)
@@ -143,6 +159,24 @@ async def lossy_reordering_duplicating_link(dut, seed: int) -> None:
     tb = await transfers(dut, seed=seed, loss=0.03, dup=0.03, reorder=0.03, count=12,
                          max_len=1500, max_cycles=400_000)
     assert sum(nd.counter("retransmits") for nd in tb.nodes) > 0
+
+
+@cocotb.test()
+async def frames_from_another_address_are_dropped(dut) -> None:
+    """Issue 34: only a QP's peer speaks for it. Every data packet and ACK node 0 sends
+    reaches node 1 twice, the copy from another IPv4 address: each copy is dropped as
+    WRONG_SOURCE (ACKs by the requester, the rest by the responder), and the transfers
+    are exact with no resend."""
+    forged: list[int] = []
+    tb = await transfers(dut, seed=4, loss=0, dup=0, reorder=0, count=8, max_len=1500,
+                         max_cycles=60_000, forged=forged)
+    end = tb.cycle + 500  # what is still on the link arrives
+    await tb.run(lambda: tb.cycle >= end, 1000)
+    acks = sum(op == Opcode.ACKNOWLEDGE for op in forged)
+    assert acks and len(forged) > acks
+    assert tb.nodes[1].drops() == {DropReason.WRONG_SOURCE: len(forged)}
+    assert tb.nodes[0].drops() == {}
+    assert all(nd.counter("retransmits") == 0 for nd in tb.nodes)
 
 
 @cocotb.test()

@@ -144,7 +144,9 @@ class NodeIO:
         self.sig["qp_ctl"].value = qp_ctl_layout(self.nqp).const([
             {"local_qpn": {"value": q["local_qpn"]}, "remote_qpn": {"value": q["remote_qpn"]},
              "next_psn": {"value": q["next_psn"]}, "expected_psn": {"value": q["expected_psn"]},
-             "state": {"state": q["state"]}} for q in self.qps]).as_value().value
+             "state": {"state": q["state"]},
+             "peer_ip": {"value": self.peer_ip.get(i, 0)}}
+            for i, q in enumerate(self.qps)]).as_value().value
 
     def set_mr(self, j: int, *, base: int, length: int, key: int, write: int = 1) -> None:
         self.mrs[j] = dict(base=base, length=length, key=key, write=write)

@@ -70,6 +70,7 @@ def from_frame(frame: bytes) -> tuple[dict, bytes]:
             ackreq=f.bth["ackreq"], reth=f.reth, aeth=f.aeth,
             imm=None if f.immdt is None else f.immdt["imm"], payload_len=len(f.payload))
     h["bth"] = dict(f.bth)
+    h["src_ip"] = f.ip["src"]
     return h, f.payload
 
 

@@ -15,6 +15,7 @@ NB = W // 8
 MTU = 32
 LQPN, RQPN = 0x000123, 0x000456
 LQPN0, RQPN0 = 0x000777, 0x000888     # QP index 0, where a test brings it up too
+PEER_IP = 0x0A000002                    # both QPs' peer
 ACK = aeth_syndrome(AethKind.ACK, 0x1F)
 
 
@@ -22,9 +23,9 @@ def src_byte(addr):
     return (addr * 7 + 3) & 0xFF
 
 
-def ack(psn, syndrome=ACK, dqpn=LQPN):
-    return hdr(opcode=Opcode.ACKNOWLEDGE, psn=psn & 0xFFFFFF, dqpn=dqpn,
-               aeth={"syndrome": syndrome, "msn": 0})
+def ack(psn, syndrome=ACK, dqpn=LQPN, src_ip=PEER_IP):
+    return {**hdr(opcode=Opcode.ACKNOWLEDGE, psn=psn & 0xFFFFFF, dqpn=dqpn,
+                  aeth={"syndrome": syndrome, "msn": 0}), "src_ip": src_ip}
 
 
 def run(descs, peer, *, npsn=0, timeout=400, max_retries=3, cycles=1500, qp0=False):
@@ -39,6 +40,8 @@ def run(descs, peer, *, npsn=0, timeout=400, max_retries=3, cycles=1500, qp0=Fal
         ctx.set(qp.local_qpn.value, LQPN)
         ctx.set(qp.remote_qpn.value, RQPN)
         ctx.set(qp.next_psn.value, npsn)
+        ctx.set(qp.peer_ip.value, PEER_IP)
+        ctx.set(dut.qp_ctl[0].peer_ip.value, PEER_IP)
         if qp0:
             ctx.set(dut.qp_ctl[0].local_qpn.value, LQPN0)
             ctx.set(dut.qp_ctl[0].remote_qpn.value, RQPN0)
@@ -101,6 +104,8 @@ def run(descs, peer, *, npsn=0, timeout=400, max_retries=3, cycles=1500, qp0=Fal
         state["retransmits"] = ctx.get(dut.retransmits)
         state["timeouts"] = ctx.get(dut.timeouts)
         state["ack_psn_invalid"] = ctx.get(dut.ack_psn_invalid)
+        state["wrong_source"] = ctx.get(dut.wrong_source)
+        state["bad_qpn"] = ctx.get(dut.bad_qpn)
         state["naks_rx"] = ctx.get(dut.naks_rx)
 
     sim = Simulator(dut)
@@ -227,6 +232,30 @@ def test_naks_and_acks_for_psns_not_outstanding_are_dropped_and_counted():
     assert cmpls == [(1, Status.OK)] and state["error"] == 0
     assert [h["bth"]["psn"] for h, _ in pkts] == list(range(24))  # no resend, no skip
     assert state["ack_psn_invalid"] == st["forged"] == 5
+    assert state["retransmits"] == 0 and state["naks_rx"] == 0
+
+
+def test_acks_and_naks_from_another_address_are_dropped_and_counted():
+    """Issue 34: only the QP's peer speaks for it. NAKs (fatal and sequence error) and
+    ACKs with the right QPN and an outstanding PSN, but another IPv4 source, do nothing
+    but count WRONG_SOURCE: the QP neither fails, rewinds nor completes early."""
+    fatal = aeth_syndrome(AethKind.NAK, NakCode.REMOTE_ACCESS_ERROR)
+    seq = aeth_syndrome(AethKind.NAK, NakCode.PSN_SEQUENCE_ERROR)
+    stranger = PEER_IP + 1
+
+    def peer(i, h, p):
+        psn = h["bth"]["psn"]
+        out = []
+        if psn == 2:
+            out = [ack(psn, fatal, src_ip=stranger), ack(1, seq, src_ip=stranger),
+                   ack(23, src_ip=stranger)]
+        return out + ([ack(psn)] if h["bth"]["ackreq"] else [])
+
+    pkts, cmpls, state = run([desc(24 * MTU)], peer, cycles=3000)
+    assert cmpls == [(1, Status.OK)] and state["error"] == 0
+    assert [h["bth"]["psn"] for h, _ in pkts] == list(range(24))  # no resend, no skip
+    assert state["wrong_source"] == 3
+    assert state["ack_psn_invalid"] == 0 and state["bad_qpn"] == 0
     assert state["retransmits"] == 0 and state["naks_rx"] == 0
 
 

@@ -33,7 +33,8 @@ def beats(payload: bytes):
     return out
 
 
-def run(packets, *, epsn=0, ack_every=0, access=1, stall=0.0, cycles_after=40):
+def run(packets, *, epsn=0, ack_every=0, access=1, stall=0.0, cycles_after=40,
+        peer_ip=0):
     """Feed (header dict, payload) pairs; return (acks, memory writes, completions,
     drop counters)."""
     dut = Responder(W, nqp=2, nmr=2, ack_every=ack_every)
@@ -46,6 +47,7 @@ def run(packets, *, epsn=0, ack_every=0, access=1, stall=0.0, cycles_after=40):
         ctx.set(qp.local_qpn.value, LQPN)
         ctx.set(qp.remote_qpn.value, RQPN)
         ctx.set(qp.expected_psn.value, epsn)
+        ctx.set(qp.peer_ip.value, peer_ip)
         ctx.set(dut.qp_ctl[0].local_qpn.value, 0x999)
         mr = dut.mr_ctl[1]
         ctx.set(mr.base_lo.value, BASE)
@@ -204,6 +206,22 @@ def test_unknown_qpn_and_orphan_middle():
     acks, mem, _, drops = run([(h, p), (mid, bytes(8))])
     assert drops == {DropReason.BAD_QPN: 1, DropReason.ACCESS_DENIED: 1}
     assert ack_list(acks) == [(nak(NakCode.INVALID_REQUEST), 0)] and mem == {}
+
+
+def test_packets_from_another_address_are_dropped_and_counted():
+    """Issue 34: a packet with the right QPN, PSN, key and ICRC from an IPv4 address
+    that is not the QP's peer writes nothing, moves no PSN, is neither ACKed nor NAKed,
+    and counts WRONG_SOURCE; the peer's own packets around it are accepted."""
+    peer, stranger = 0x0A000002, 0x0A000099
+    data = bytes(random.Random(7).getrandbits(8) for _ in range(64))
+    pkts = [(dict(h, src_ip=peer), p) for h, p in message(0, data)]
+    forged = [(dict(h, src_ip=stranger), bytes(len(p))) for h, p in
+              message(0, bytes(64), va=BASE + 128) + message(1, bytes(8), va=BASE + 256)]
+    acks, mem, cmpls, drops = run([forged[0], pkts[0], *forged[1:], *pkts[1:]],
+                                  peer_ip=peer)
+    assert drops == {DropReason.WRONG_SOURCE: len(forged)}
+    assert mem_bytes(mem, BASE, 64) == data and len(mem) == 64
+    assert ack_list(acks) == [(ACK, 1)] and len(cmpls) == 1
 
 
 def test_gap_inside_a_message_and_a_non_write_opcode_are_not_accepted():
