@@ -296,18 +296,18 @@ class Requester(wiring.Component):
 
         a_hit, a_q = qp_lookup(m, self.qp_ctl, nqp, a.bth.dqpn, QPState.RTS, "ack_qp")
         # Only the QP's peer may ACK or NAK for it (an ACK from elsewhere is counted,
-        # ``wrong_source``, and does nothing).
-        a_src = Cat(*(self.qp_ctl[i].peer_ip.value == a.src_ip for i in range(nqp)))
-        a_src_ok = a_src.bit_select(a_q, 1)
+        # ``wrong_source``, and does nothing): every QP's peer address against the
+        # source, side by side with the lookup, into per-QP flops.
         b_v = Signal()
         hit = Signal()
-        wrong = Signal()
+        b_src = Signal(nqp)
         aq = Signal(range(max(nqp, 2)))
         p = Signal(PSN_BITS)
         syndrome = Signal(8)
         with m.If(a_v & ~b_v):
-            m.d.sync += [b_v.eq(1), a_v.eq(0), hit.eq(a_hit & a_src_ok),
-                         wrong.eq(a_hit & ~a_src_ok), aq.eq(a_q),
+            m.d.sync += [b_v.eq(1), a_v.eq(0), hit.eq(a_hit), aq.eq(a_q),
+                         b_src.eq(Cat(*(self.qp_ctl[i].peer_ip.value == a.src_ip
+                                        for i in range(nqp)))),
                          p.eq(a.bth.psn), syndrome.eq(a.aeth.syndrome)]
         b_old = Signal()        # b has waited its cycle: the flags below are its own
         m.d.sync += b_old.eq(b_v)
@@ -330,7 +330,7 @@ class Requester(wiring.Component):
         for i in range(nqp):
             du = psn_sub(m, p, una[i], f"d_una{i}")
             dh = psn_sub(m, p, hi[i], f"d_hi{i}")
-            mine = (aq == i) & hit & ~err[i]
+            mine = (aq == i) & hit & b_src[i] & ~err[i]
             live = mine & active[i]
             # Outstanding: sent (before ``hi``) and not yet ACKed. Anything else is
             # dropped and counted, but a repeat ACK of the newest ACKed (una - 1).
@@ -343,6 +343,8 @@ class Requester(wiring.Component):
                          fatals[i].eq(live & is_fatal & win),
                          bads[i].eq(mine & ~(live & win) & (is_nak | (p1 != una[i])))]
         m.d.sync += naks.eq(Cat(*live_any).any() & is_nak)
+        wrong = Signal()        # the looked-up QP's peer did not send it
+        m.d.sync += wrong.eq(hit & ~b_src.bit_select(aq, 1))
 
         t = Signal(range(max(nqp, 2)))
         m.d.sync += t.eq(Mux(t == nqp - 1, 0, t + 1))
