@@ -349,7 +349,7 @@ class SignatureCheck:
                 if comp.done:
                     a = Signature.unpack(buf[:RECORD.size])
                     b = Signature.unpack(buf[RECORD.size:])
-                    self.error = _mismatch(a, b)
+                    self.error = mismatch_error(a, b)
                     break
         return self.error
 
@@ -369,7 +369,7 @@ class SignatureCheck:
         theirs = Signature.unpack(buf)
         self.checked.add(peer)
         if theirs.digest != self.mine.digest:
-            self.error = _mismatch(theirs, self.mine)
+            self.error = mismatch_error(theirs, self.mine)
             note = memoryview(buf.tobytes() + self.mine.pack())
             sent = [self.engine.send(p, self.coll_id, STEP_MISMATCH, note)
                     for p in sorted(self.software)]
@@ -401,8 +401,9 @@ class _SigWait:
         return self.comp.done or self.check.notice() is not None
 
 
-def _mismatch(a: Signature, b: Signature) -> CollectiveMismatchError:
-    # Ordered by rank, so that every rank raises the same error from the same pair.
+def mismatch_error(a: Signature, b: Signature) -> CollectiveMismatchError:
+    """The error for two records that differ, ordered by rank, so that every rank
+    raises the same error from the same pair."""
     if a.rank > b.rank:
         a, b = b, a
     field, values = difference(a, b) or ("digest", ("?", "?"))
@@ -634,5 +635,5 @@ def _take(q: deque, coll_id: int, ins: Instr, rank: int, what: str) -> tuple:
 
 
 __all__ = ["DEFAULT_STAGE_BYTES", "CollectiveRegion", "ProgramError", "RemoteBuffers",
-           "SignatureCheck", "average_into", "execute", "reduce_into", "setup_chunks",
-           "writes_in"]
+           "SignatureCheck", "average_into", "execute", "mismatch_error", "reduce_into",
+           "setup_chunks", "writes_in"]

@@ -99,6 +99,8 @@ class RegisterBackend:
                                        count=s.count, dtype=run.dtype, op=run.op)
             inbuf = np.ascontiguousarray(run.get_in(s.lo, s.hi))
             sig: dict[str, Any] = {"name": run.name, "count": s.count, "dtype": dt.str}
+            if run.signature is not None:
+                sig["signature"] = run.signature.pack().hex()
             if run.peers is not None:
                 sig["group"] = list(run.peers)
             out, cycles = port.execute(run.name, s.coll_id, writes, inbuf.tobytes(),

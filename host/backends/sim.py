@@ -63,7 +63,9 @@ from fpgaccl.proto.framing import connect_unix, encode, recv_frame
 from fpgaccl.proto.opcodes import ROCEV2_UDP_PORT
 from fpgaccl.proto.plans import QPN_BASE, Writes
 from fpgaccl.proto.regmap import default_map
+from fpgaccl.proto.signature import Signature
 
+from ..executor import mismatch_error
 from ..rendezvous import bind_ip, exchange, is_loopback, master
 from .registers import RegisterBackend
 
@@ -158,6 +160,9 @@ class ClusterPort:
             raise TransportError(f"rank {self.rank}: {detail}")
         if err == "mismatch":
             raise CountMismatchError("count", detail)
+        if err == "signature":
+            a, b = (Signature.unpack(bytes.fromhex(r)) for r in head["records"])
+            raise mismatch_error(a, b)
         if err in ("world_size", "rank"):
             raise UnsupportedError(err, detail)
         raise BackendUnavailableError(f"simulation server: {err}: {detail}")

@@ -37,6 +37,7 @@ from cocotb.triggers import ClockCycles
 
 from fpgaccl.proto.plans import Peer, connect_writes, doorbell
 from fpgaccl.proto.regmap import ENGINE_ID
+from fpgaccl.proto.signature import Signature
 from fpgaccl.sim.bridge import UdpBridge, ip_int
 from fpgaccl.sim.hdl.switch import node_mac
 from fpgaccl.sim.tb.cluster_tb import TB, ExternalPort
@@ -261,6 +262,10 @@ class ClusterServer:
             return
         heads = {k: h for k, (_, h, _) in group.items()}
         ref = heads[min(heads)]
+        if differ := _differing_signatures(heads):
+            for client, _, _ in group.values():
+                client.reply({"error": "signature", "records": differ})
+            return
         for k, h in heads.items():
             for f in ("count", "dtype", "name"):
                 if h[f] != ref[f]:
@@ -356,3 +361,20 @@ class ClusterServer:
                 "retransmits": sum(n["retransmits"] for n in per_node),
                 "drops": {n: v for n, v in drops.items() if v}, "per_node": per_node,
                 **self.stats}
+
+
+def _differing_signatures(heads: dict[int, dict]) -> list[str] | None:
+    """The call signatures (hex records) of the lowest rank and the first rank whose
+    digest differs from it, where every rank sent one (``check_calls``); else None.
+    The server sees every rank's call before any node is rung: it compares them as the
+    software ranks compare theirs (proto/signature.py), so a mismatch fails the call on
+    every rank with the same error and nothing is written."""
+    if any("signature" not in h for h in heads.values()):
+        return None
+    recs = {k: Signature.unpack(bytes.fromhex(h["signature"])) for k, h in heads.items()}
+    ref = min(recs)
+    for k in sorted(recs):
+        if recs[k].digest != recs[ref].digest:
+            return [heads[ref]["signature"], heads[k]["signature"]]
+    return None
+

@@ -7,6 +7,7 @@ errors naming the argument."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -190,6 +191,62 @@ def test_same_script_on_sim_and_software(cluster, tmp_path):
     for r in range(p):
         for key, val in soft[r].items():
             assert lossy[r][key].tobytes() == val.tobytes(), f"lossy rank {r}: {key} differs"
+
+
+MISMATCH_SCRIPT = textwrap.dedent("""
+    import json
+    import sys
+
+    import numpy as np
+
+    import fpgaccl
+    from fpgaccl.errors import CollectiveMismatchError
+
+    comm = fpgaccl.init()
+    r = comm.rank
+    out = {}
+    for case, op, dt, n in (("op", "max" if r == 2 else "sum", "int32", 100),
+                            ("dtype", "sum", "float32" if r == 1 else "int32", 100),
+                            ("count", "sum", "int32", 99 if r == 3 else 100)):
+        x = np.arange(n).astype(dt) + r
+        y = np.full_like(x, 7)
+        xs, ys = x.copy(), y.copy()
+        try:
+            comm.allreduce(x, y, op=op)
+            out[case] = ["returned"]
+        except CollectiveMismatchError as e:
+            out[case] = [type(e).__name__, e.field, list(e.ranks), list(e.values),
+                         bool(np.array_equal(x, xs) and np.array_equal(y, ys))]
+    x = np.arange(100, dtype=np.int32) + r
+    out["after"] = comm.allreduce(x, np.empty_like(x)).tolist()
+    with open(f"{sys.argv[1]}/rank{r}.json", "w") as f:
+        json.dump(out, f)
+""")
+
+
+@pytest.mark.slow
+def test_ranks_that_disagree_fail_alike_on_sim(cluster, tmp_path):
+    """Issue 28 on the sim backend: op, dtype (of the same size) and count differences
+    raise CollectiveMismatchError on every rank, naming the field and both sides, with
+    no buffer written; the world goes on. The simulation server compares the ranks'
+    signatures before it rings any node."""
+    script = tmp_path / "mismatch.py"
+    script.write_text(MISMATCH_SCRIPT)
+    proc = subprocess.run(
+        [sys.executable, "-m", "fpgaccl.host.cli", "run", "-n", str(WORLD), "--backend",
+         "sim", "--timeout", "300", "--", sys.executable, str(script), str(tmp_path)],
+        capture_output=True, text=True, timeout=400,
+        env={**os.environ, **build_env(*cluster), "FPGACCL_CHECK_CALLS": "1"})
+    assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}"
+    got = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(WORLD)]
+    want = {"op": ([0, 2], ["sum", "max"]), "dtype": ([0, 1], ["int32", "float32"]),
+            "count": ([0, 3], ["100", "99"])}
+    for r in range(WORLD):
+        for case, (ranks, values) in want.items():
+            name, field, e_ranks, e_values, unchanged = got[r][case]
+            assert name.startswith("Collective") and field == case, (r, got[r][case])
+            assert e_ranks == ranks and e_values == values and unchanged, (r, got[r][case])
+        assert got[r]["after"] == [4 * i + 6 for i in range(100)]
 
 
 def test_world_larger_than_the_cluster_is_a_typed_error():
