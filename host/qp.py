@@ -870,20 +870,16 @@ class QueuePair:
                 # moved the window, then the QP fails.
                 self.engine.peer_dead(self, f"{limit} retransmissions went unACKed")
                 return
-            if self.selective:
-                # A holding responder (a software peer) keeps what came after a loss:
-                # every expiry resends the oldest packet, and what the peer could not
-                # hold once the ACKs reach it, never the whole window again. A lost
-                # resend or a lost ACK each cost one packet; a spurious expiry (a
-                # starved CPU) one duplicate, which the peer re-ACKs.
+            if self.retries == 1:
+                # First expiry: probe with the oldest packet only. On a starved CPU most
+                # timeouts are spurious, and the responder re-ACKs a duplicate, so this
+                # avoids resending a whole window that already arrived; a real loss is
+                # recovered by the full go-back-N on the next expiry (or by a NAK).
                 self.last_progress = now
-                self._repair(now)
-            elif self.retries == 1:
-                # First expiry: probe with the oldest packet only (on a starved CPU most
-                # timeouts are spurious, and the responder re-ACKs a duplicate); a real
-                # loss is recovered by the full go-back-N on the next expiry (or a NAK).
-                self.last_progress = now
-                self._resend_oldest()
+                if self.selective:
+                    self._repair(now)  # what follows a lost packet the peer could not hold
+                else:
+                    self._resend_oldest()
             else:
                 self.retransmit(now)
 

@@ -184,25 +184,6 @@ def test_a_retransmitted_packet_gives_no_round_trip_sample() -> None:
     assert qp.srtt == 0.0 and qp.rto == 0.05
 
 
-def test_every_expiry_to_a_holding_peer_resends_the_oldest_alone() -> None:
-    """Issue 34: a holding responder keeps what followed a loss, so repeated expiries
-    (a resend lost again, lost ACKs) resend the oldest packet each, never the window;
-    a peer that holds nothing (an HDL node) gets go-back-N from the second expiry on."""
-    for selective, second in ((True, [PSN0]), (False, list(range(PSN0, PSN0 + 40)))):
-        qp, eng = _qp(selective=selective)
-        _send(qp, 40)
-        eng.out.clear()
-        t = 0.0
-        got = []
-        for _ in range(3):
-            t += 1.0  # past any backoff
-            qp.check_timer(t, 0.05)
-            got.append([_psn(d) for d in eng.out])
-            eng.out.clear()
-        assert got[0] == [PSN0], selective
-        assert got[1] == second and got[2] == second, selective
-
-
 # ---------------------------------------------------------------- responder
 def _write(qp: QueuePair, eng: _Engine, i: int, data: bytes, n: int) -> None:
     """Packet ``i`` of an ``n``-packet WRITE of ``data`` to the ring, PSN 100 + i."""
