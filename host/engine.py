@@ -59,9 +59,9 @@ dead, however long the call. A probe goes out every ``PEER_TIMEOUT_S / 5`` of a 
 a killed rank is found by every other one within about 1.5 s."""
 RETRY_LIMIT = 7
 """Retransmit-timer expiries without an ACK that moves the window before the queue pair
-fails: the HDL requester's ``max_retries``. With the software ``rto_s`` of 50 ms and its
-backoff that is ~3 s, so the peer timeout usually trips first; the limit bounds a peer
-whose timer is long (a large ``rto_s``) or a ``peer_timeout_s`` of None."""
+fails (the HDL requester's ``max_retries``), where ``peer_timeout_s`` is None: with a
+peer timeout that judges the silence, and the backoff is capped so that it spans
+:data:`~fpgaccl.host.qp.TRIES_PER_PEER_TIMEOUT` tries."""
 LIVENESS_POLL_S = 0.05
 PARK_S = 0.02
 """How often, at most, the engine thread looks whether a caller still drives the loop
