@@ -214,14 +214,16 @@ def test_early_middles_are_held_and_the_gap_fills_without_a_resend() -> None:
     qp, eng = _qp()
     data = np.random.default_rng(1).integers(0, 256, 40 * MTU, np.uint8).tobytes()
     _write(qp, eng, 0, data, 40)
-    for i in range(2, 12):  # packet 1 is late
+    k = NAK_HOLDOFF_PACKETS
+    for i in range(2, k + 1):  # packet 1 is late; those after it, less than k ahead
         _write(qp, eng, i, data, 40)
-    assert eng.stats["rx_held"] == 10 and not eng.drops and not _acks(eng)
-    _write(qp, eng, 5, data, 40)  # a copy of a held one
+    assert eng.stats["rx_held"] == k - 1 and not eng.drops and not _acks(eng)
+    _write(qp, eng, 2, data, 40)  # a copy of a held one
     assert eng.drops[DropReason.PSN_DUPLICATE] == 1
     _write(qp, eng, 1, data, 40)
-    assert qp.epsn == 112 and _acks(eng) == [(AethKind.ACK, 111)]  # at once: the gap filled
-    for i in range(12, 40):
+    # At once: the gap filled.
+    assert qp.epsn == 101 + k and _acks(eng) == [(AethKind.ACK, 100 + k)]
+    for i in range(k + 1, 40):
         _write(qp, eng, i, data, 40)
     assert qp.epsn == 140 and qp.ring.buf[:len(data)].tobytes() == data
     assert not qp.held
@@ -253,6 +255,8 @@ def test_a_second_gap_behind_held_packets_is_naked_when_the_first_fills() -> Non
     _write(qp, eng, 0, data, 40)
     for i in (2, 3, 5, 6):  # 1 and 4 missing
         _write(qp, eng, i, data, 40)
+    # Packet 5 is 4 ahead of the gap at 101: NAKed once it is the holdoff or more.
+    assert _acks(eng) == ([(AethKind.NAK, 101)] if NAK_HOLDOFF_PACKETS <= 4 else [])
     _write(qp, eng, 1, data, 40)
     assert qp.epsn == 104 and _acks(eng) == [(AethKind.NAK, 104)]  # it ACKs 103 too
 
