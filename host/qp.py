@@ -72,11 +72,14 @@ _MIDDLE = int(Opcode.RDMA_WRITE_MIDDLE)
 _AETH = frozenset(int(o) for o in AETH_OPCODES)
 _ROW_EXTRA = wire.BTH_LEN + wire.ICRC_LEN
 
-MIN_CWND = 4
-"""Packets: the smallest congestion window a loss cuts to (AckReq every 2 packets)."""
-RTO_MIN_S = 0.01
-"""The adaptive retransmit timeout's floor: a spurious expiry resends one packet only, but
-a loaded machine's scheduling delays reach milliseconds."""
+MIN_CWND = 16
+"""Packets: the smallest congestion window a loss cuts to. A loss is NAKed only once
+NAK_HOLDOFF_PACKETS behind it have arrived: with 4 in flight most losses at 10 % waited
+for the timer (bench/loss.py)."""
+RTO_MIN_S = 0.003
+"""The adaptive retransmit timeout's floor: a spurious expiry resends one packet only, and
+a loaded machine's scheduling delays reach milliseconds; above engine.ACK_DELAY_S (2 ms), which a
+coalesced ACK may wait."""
 TRIES_PER_PEER_TIMEOUT = 8
 """The retransmit backoff is capped at ``peer_timeout_s / TRIES_PER_PEER_TIMEOUT``: a live
 peer behind a lossy link gets this many tries before it is declared dead. With 10 % loss
@@ -359,6 +362,7 @@ class QueuePair:
         self.nak_psn = -1
         self.nak_at = 0.0
         self.resent_to = -1
+        self.hole_at: dict[int, float] = {}  # PSN -> when a hole report had it resent
         # Round-trip time (RFC 6298 estimator, Karn's rule): one timed PSN at a time.
         self.srtt = 0.0
         self.rttvar = 0.0
@@ -371,6 +375,7 @@ class QueuePair:
         self.nak_sent = False
         self.dropped_early = False  # an early packet was dropped since the last in-order one
         self.held: set[int] = set()  # PSNs ahead of epsn whose MIDDLE is already written
+        self.reported = -1  # holes before this PSN are reported to a selective peer
         self.ack_pending = False
         # Deferred ACKs (software peers only: the communicator sets ``ack_delay`` from the
         # rendezvous): ack_due 0 = none, -1 = one waits for the engine to stamp it, else
@@ -671,7 +676,7 @@ class QueuePair:
         for b in range(0, k * seg, seg):
             self.engine.transmit((flat[b:b + seg],), self.addr)
 
-    def on_ack(self, psn: int, syndrome: int, now: float) -> None:
+    def on_ack(self, psn: int, syndrome: int, now: float, msn: int = -1) -> None:
         kind, code = split_syndrome(syndrome)
         # Only a PSN we sent and is not yet ACKed may be NAKed or ACKed; an ACK may also
         # repeat the newest one ACKed (a responder's answer to a duplicate).
@@ -685,6 +690,14 @@ class QueuePair:
             self.engine.stats["nak_rx"] += 1
             if self._acked(psn - 1, now):
                 return  # it moved the ACKs to where the unheld rest was resent from
+            if self.selective and msn != psn and 0 < psn_diff(msn, psn) < self.inflight:
+                self._cut(msn)
+                self._resend_hole(msn, now)  # a later hole (proto/reliability.py)
+                return
+            if self.selective and now - self.hole_at.get(psn, -1.0) < self.srtt:
+                # The gap is a hole already resent: its resend is still on its way.
+                self.engine.stats["nak_ignored"] += 1
+                return
             if self._stale_nak(psn, now):
                 self.engine.stats["nak_ignored"] += 1
                 return
@@ -718,6 +731,8 @@ class QueuePair:
             return False
         self.inflight -= n
         self.last_progress = self.acked_at = now
+        if self.hole_at:
+            self.hole_at = {p: t for p, t in self.hole_at.items() if psn_diff(p, psn) > 0}
         self.retries = 0
         self.probed = 0.0
         if self.rtt_psn >= 0 and psn_diff(psn, self.rtt_psn) >= 0:
@@ -828,6 +843,27 @@ class QueuePair:
             return self.next_psn
         return (start + HOLD_PACKETS) & wire.PSN_MASK
 
+    def _resend_hole(self, psn: int, now: float) -> None:
+        """Resend the outstanding packet ``psn`` alone, once a round trip at most."""
+        if now - self.hole_at.get(psn, -1.0) < self.srtt:
+            self.engine.stats["nak_ignored"] += 1
+            return
+        for first, parts, _, k in self.outstanding:
+            i = psn_diff(psn, first)
+            if i >= k:
+                continue
+            self.hole_at[psn] = now
+            self.rtt_psn = -1
+            self.engine.stats["retransmits"] += 1
+            if type(parts) is GatherRun:
+                self.engine.transmit_gather(parts.after(i) if i else parts, 1, self.addr)
+            elif k == 1:
+                self.engine.transmit(parts, self.addr)
+            else:
+                seg = len(parts) // k
+                self.engine.transmit((parts[i * seg:(i + 1) * seg],), self.addr)
+            return
+
     def _resend_oldest(self) -> None:
         self.engine.stats["retransmits"] += 1
         _, parts, _, k = self.outstanding[0]
@@ -867,13 +903,16 @@ class QueuePair:
         # far that the peer timeout sees fewer than TRIES_PER_PEER_TIMEOUT tries.
         if not self.outstanding:
             return
+        base = min(rto, self.rto)
         if not self.retries:
-            wait = min(rto, self.rto)
+            wait = base
         else:
-            wait = rto * (1 << min(self.retries, 4))
             peer_timeout = getattr(self.engine, "peer_timeout_s", None)
             if peer_timeout:
-                wait = min(wait, peer_timeout / TRIES_PER_PEER_TIMEOUT)
+                wait = min(base * (1 << min(self.retries, 4)),
+                           peer_timeout / TRIES_PER_PEER_TIMEOUT)
+            else:
+                wait = rto * (1 << min(self.retries, 4))
         if now - self.last_progress > wait:
             self.retries += 1
             self.engine.stats["timeouts"] += 1
@@ -916,6 +955,8 @@ class QueuePair:
                 return
             eng.drop(DropReason.PSN_OUT_OF_ORDER)
             self.dropped_early = True
+            if self.selective and self.w_off >= 0:
+                self._report_holes(d)
             self._nak_gap()
             return
         pos = wire.BTH_LEN
@@ -932,6 +973,7 @@ class QueuePair:
             if win is not None and win[0] <= off and off + dlen <= win[1]:
                 mr, off = win[2], off - win[0]
             self.held.clear()  # none can be left: held MIDDLEs precede their LAST
+            self.reported = -1
             if eng.borrowed:
                 # A message of ours may still need what this WRITE is about to overwrite.
                 eng.protect(mr.va + off, mr.va + off + dlen)
@@ -1013,14 +1055,37 @@ class QueuePair:
         self.w_mr.view[start:start + mtu] = pkt[wire.BTH_LEN:wire.BTH_LEN + mtu]
         self.held.add(psn)
         self.engine.stats["rx_held"] += 1
-        if d >= NAK_HOLDOFF_PACKETS:
+        if self.selective:
+            self._report_holes(d)
+        elif d >= NAK_HOLDOFF_PACKETS:
             self._nak_gap()
         return True
+
+    def _report_holes(self, d: int) -> None:
+        """A packet ``d`` PSNs ahead has arrived: report each PSN of the WRITE in progress
+        that is still missing NAK_HOLDOFF_PACKETS or more behind it, once, to a selective
+        peer (a NAK whose MSN names the hole: proto/reliability.py)."""
+        mtu = self.engine.mtu
+        end = min(d - NAK_HOLDOFF_PACKETS + 1, HOLD_PACKETS,
+                  -(-(self.w_len - self.w_done) // mtu) - 1)  # holdable: before the LAST
+        start = max(0, psn_diff(self.reported, self.epsn)) if self.reported >= 0 else 0
+        if end <= start:
+            return
+        epsn, held = self.epsn, self.held
+        for i in range(start, end):
+            q = (epsn + i) & wire.PSN_MASK
+            if not i:
+                self._nak_gap()
+            elif q not in held:
+                self.engine.stats["holes_reported"] += 1
+                self.send_ack(aeth_syndrome(AethKind.NAK, NakCode.PSN_SEQUENCE_ERROR), epsn, q)
+        self.reported = (epsn + end) & wire.PSN_MASK
 
     def _nak_gap(self) -> None:
         if not self.nak_sent:
             self.nak_sent = True
-            self.send_ack(aeth_syndrome(AethKind.NAK, NakCode.PSN_SEQUENCE_ERROR), self.epsn)
+            self.send_ack(aeth_syndrome(AethKind.NAK, NakCode.PSN_SEQUENCE_ERROR), self.epsn,
+                          self.epsn if self.selective else None)
 
     def _advance_held(self) -> None:
         """The expected PSN jumps over the held MIDDLEs that now follow in order."""
@@ -1166,9 +1231,11 @@ class QueuePair:
         self.nak_sent = True
         self.send_ack(aeth_syndrome(AethKind.NAK, NakCode.REMOTE_ACCESS_ERROR), psn)
 
-    def send_ack(self, syndrome: int, psn: int) -> None:
+    def send_ack(self, syndrome: int, psn: int, msn: int | None = None) -> None:
+        """``msn``: the AETH's MSN, this QP's message count unless a hole report names
+        a PSN there."""
         self.engine.stats["acks_tx"] += 1
-        dg = self._ack(psn & wire.PSN_MASK, syndrome, self.msn)
+        dg = self._ack(psn & wire.PSN_MASK, syndrome, self.msn if msn is None else msn)
         self.engine.transmit((dg,), self.addr)
 
     def flush_ack(self, now: float | None = None) -> None:

@@ -246,7 +246,7 @@ class Receiver:
             return
         if opcode == Opcode.ACKNOWLEDGE:
             (aeth,) = wire.AETH_FMT.unpack_from(buf, wire.BTH_LEN)
-            qp.on_ack(psn, aeth >> wire.SYNDROME_SHIFT, now)
+            qp.on_ack(psn, aeth >> wire.SYNDROME_SHIFT, now, aeth & wire.MSN_MASK)
         elif opcode in _WRITES:
             qp.on_write(opcode, psn, ackreq, buf, n)
         else:

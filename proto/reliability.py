@@ -17,6 +17,15 @@ what a responder keeps differs.
   or dropped behind is ACKed at once; if held packets remain behind a new gap, that gap
   is NAKed at once (the NAK ACKs what precedes it).
 
+A holding responder whose peer is a software engine (known at rendezvous) also **reports
+every hole** of the WRITE in progress, once: when a packet :data:`NAK_HOLDOFF_PACKETS` or
+more past a missing MIDDLE arrives, it sends a NAK-PSN-sequence-error whose PSN is still
+the expected one (the NAK keeps its cumulative meaning) and whose AETH MSN field carries
+the PSN of that hole (the first hole's NAK names itself). The requester resends each named
+PSN alone, at most once a round trip, so the holes of a window are repaired together rather
+than one round trip each. Only two software engines use this: an HDL responder's MSN counts
+messages as the standard says, and the HDL requester ignores the MSN.
+
 A requester talking to a holding responder resends, on a NAK (or a first timer expiry),
 the oldest packet alone and, if the ACKs then stop exactly at the first packet the
 responder could not hold, everything from there. It stays correct against a go-back-N

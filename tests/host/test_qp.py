@@ -115,6 +115,32 @@ def test_timer_probe_to_a_holding_peer_resends_what_it_could_not_hold(spurious: 
         assert [_psn(d) for d in eng.out[1:]] == [PSN0 + 3, PSN0 + 4, PSN0 + 5]
 
 
+def test_a_hole_report_resends_the_hole_alone_once_a_round_trip() -> None:
+    qp, eng = _qp(selective=True)
+    _send(qp, 40)
+    qp.srtt = 0.001
+    eng.out.clear()
+    # The first NAK of a gap names it (MSN = PSN); later ones name later holes.
+    qp.on_ack(PSN0 + 5, NAK_SEQ, 0.010, PSN0 + 5)
+    qp.on_ack(PSN0 + 5, NAK_SEQ, 0.0101, PSN0 + 9)
+    qp.on_ack(PSN0 + 5, NAK_SEQ, 0.0102, PSN0 + 17)
+    assert [_psn(d) for d in eng.out] == [PSN0 + 5, PSN0 + 9, PSN0 + 17]
+    qp.on_ack(PSN0 + 5, NAK_SEQ, 0.0103, PSN0 + 9)  # a copy: its resend is on its way
+    qp.on_ack(PSN0 + 9, NAK_SEQ, 0.0104, PSN0 + 9)  # 5 filled, the gap is now 9: the same
+    assert len(eng.out) == 3 and eng.stats["nak_ignored"] == 2
+    qp.on_ack(PSN0 + 9, NAK_SEQ, 0.0125, PSN0 + 17)  # a round trip on: that resend was lost
+    assert [_psn(d) for d in eng.out[3:]] == [PSN0 + 17]
+    assert eng.stats["retransmits"] == 4 and eng.stats["window_cuts"] == 1
+
+
+def test_a_go_back_n_requester_reads_no_hole_in_the_msn() -> None:
+    qp, eng = _qp(selective=False)
+    _send(qp, 40)
+    eng.out.clear()
+    qp.on_ack(PSN0 + 5, NAK_SEQ, 0.001, PSN0 + 9)  # from an HDL node the MSN counts messages
+    assert [_psn(d) for d in eng.out] == list(range(PSN0 + 5, PSN0 + 40))
+
+
 def test_nak_from_a_go_back_n_peer_resends_everything_once() -> None:
     qp, eng = _qp(selective=False)
     _send(qp, 40)
@@ -174,6 +200,24 @@ def test_retransmit_timeout_follows_the_measured_round_trip() -> None:
     assert eng.stats["timeouts"] == 0
     qp.check_timer(1.0 + qp.rto * 1.01, 0.05)  # long before the engine's 50 ms
     assert eng.stats["timeouts"] == 1
+
+
+def test_with_a_peer_timeout_the_backoff_starts_from_the_measured_timeout() -> None:
+    qp, eng = _qp(selective=True)
+    eng.peer_timeout_s = 1.25  # it judges liveness, so the retries may come sooner
+    _send(qp, 4)
+    qp.on_ack(PSN0 + 3, wire.ACK_SYNDROME, 0.004)  # a 4 ms round trip
+    rto = qp.rto
+    assert rto < 0.05 / 2
+    _send(qp, 4, now=1.0)
+    eng.out.clear()
+    qp.check_timer(1.0 + rto * 1.01, 0.05)
+    assert eng.stats["timeouts"] == 1 and [_psn(d) for d in eng.out] == [PSN0 + 4]
+    t = 1.0 + rto * 1.01
+    qp.check_timer(t + 2 * rto * 0.99, 0.05)  # twice the measured one, not the engine's
+    assert eng.stats["timeouts"] == 1
+    qp.check_timer(t + 2 * rto * 1.01, 0.05)
+    assert eng.stats["timeouts"] == 2
 
 
 def test_a_retransmitted_packet_gives_no_round_trip_sample() -> None:
@@ -259,6 +303,37 @@ def test_a_second_gap_behind_held_packets_is_naked_when_the_first_fills() -> Non
     assert _acks(eng) == ([(AethKind.NAK, 101)] if NAK_HOLDOFF_PACKETS <= 4 else [])
     _write(qp, eng, 1, data, 40)
     assert qp.epsn == 104 and _acks(eng) == [(AethKind.NAK, 104)]  # it ACKs 103 too
+
+
+def _naks(eng: _Engine) -> list[tuple[int, int]]:
+    """(PSN, MSN) of each NAK sent."""
+    got = []
+    for dg in eng.out:
+        assert dg[0] == Opcode.ACKNOWLEDGE
+        if split_syndrome(dg[12])[0] == AethKind.NAK:
+            got.append((_psn(dg), int.from_bytes(dg[13:16], "big")))
+    eng.out.clear()
+    return got
+
+
+@pytest.mark.parametrize("selective", [True, False])
+def test_each_hole_is_reported_once_to_a_selective_peer(selective: bool) -> None:
+    qp, eng = _qp(selective=selective)
+    data = np.random.default_rng(2).integers(0, 256, 40 * MTU, np.uint8).tobytes()
+    _write(qp, eng, 0, data, 40)
+    for i in range(2, 30):
+        if i not in (4, 9):  # 1, 4 and 9 missing
+            _write(qp, eng, i, data, 40)
+    if selective:  # each NAK ACKs what precedes the first hole; its MSN names one hole
+        assert _naks(eng) == [(101, 101), (101, 104), (101, 109)]
+    else:  # the standard NAK: one per gap, the MSN the count of messages
+        assert _naks(eng) == [(101, 0)]
+    for i in (1, 4, 9):
+        _write(qp, eng, i, data, 40)
+    assert qp.epsn == 130 and not qp.held and eng.stats["holes_reported"] == 2 * selective
+    for i in range(30, 40):
+        _write(qp, eng, i, data, 40)
+    assert qp.ring.buf[:len(data)].tobytes() == data
 
 
 # ---------------------------------------------------------------- on a lossy link
