@@ -374,6 +374,7 @@ class QueuePair:
         self.msn = 0
         self.nak_sent = False
         self.dropped_early = False  # an early packet was dropped since the last in-order one
+        self.dropped_to = -1  # the last PSN dropped early, until epsn passes it
         self.held: set[int] = set()  # PSNs ahead of epsn whose MIDDLE is already written
         self.reported = -1  # holes before this PSN are reported to a selective peer
         self.ack_pending = False
@@ -688,7 +689,7 @@ class QueuePair:
         self.probed = 0.0
         if kind == AethKind.NAK and code == NakCode.PSN_SEQUENCE_ERROR:
             self.engine.stats["nak_rx"] += 1
-            if self._acked(psn - 1, now):
+            if self._acked(psn - 1, now, nak=True):
                 return  # it moved the ACKs to where the unheld rest was resent from
             if self.selective and msn != psn and 0 < psn_diff(msn, psn) < self.inflight:
                 self._cut(msn)
@@ -719,9 +720,12 @@ class QueuePair:
             # reserved kind: no action, as in the HDL requester, but counted.
             self.engine.stats["ack_ignored"] += 1
 
-    def _acked(self, psn: int, now: float) -> bool:
+    def _acked(self, psn: int, now: float, nak: bool = False) -> bool:
         """Retire what an ACK of ``psn`` covers; True if that resent the rest (the
-        responder had all before ``gbn_psn`` and could hold nothing after it)."""
+        responder had all before ``gbn_psn`` and could hold nothing after it). ``nak``:
+        it came in a NAK, which says the responder dropped what follows; an ACK that
+        stops there may come from a responder that is only slow to take it (after an
+        early timer probe), so that resends MIN_CWND packets and looks again."""
         out = self.outstanding
         if not out:
             return False
@@ -746,7 +750,11 @@ class QueuePair:
             resend = bool(out) and out[0][0] == self.gbn_psn
             self.gbn_psn = -1
             if resend:
-                self.retransmit(now)
+                if nak or self.inflight <= MIN_CWND:
+                    self.retransmit(now)
+                else:
+                    self.retransmit(now, MIN_CWND)
+                    self.gbn_psn = (out[0][0] + MIN_CWND) & wire.PSN_MASK
                 return True
         return False
 
@@ -872,16 +880,22 @@ class QueuePair:
         else:
             self.engine.transmit(parts if k == 1 else (parts[:len(parts) // k],), self.addr)
 
-    def retransmit(self, now: float) -> None:
-        """Go-back-N: resend every unacknowledged packet, oldest first."""
+    def retransmit(self, now: float, limit: int = 0) -> None:
+        """Go-back-N: resend every unacknowledged packet, oldest first (the first
+        ``limit`` only, if it is not 0)."""
         self.last_progress = now
         if not self.outstanding:
             return
         self.rtt_psn = -1
-        self.resent_to = self.next_psn
-        self.engine.stats["retransmits"] += self.inflight
+        left = limit if 0 < limit < self.inflight else self.inflight
+        self.resent_to = (self.next_psn - self.inflight + left) & wire.PSN_MASK
+        self.engine.stats["retransmits"] += left
         batch: list = []
         for _, parts, _, k in self.outstanding:
+            if not left:
+                break
+            n = min(k, left)
+            left -= n
             gather = type(parts) is GatherRun
             if k == 1 and not gather:
                 batch.append(parts)
@@ -890,9 +904,9 @@ class QueuePair:
                 self.engine.transmit_many(batch, self.addr)
                 batch = []
             if gather:
-                self.engine.transmit_gather(parts, k, self.addr)
+                self.engine.transmit_gather(parts, n, self.addr)
             else:
-                self._send_rows(parts, k, len(parts) // k)
+                self._send_rows(parts, n, len(parts) // k)
         if batch:
             self.engine.transmit_many(batch, self.addr)
 
@@ -905,7 +919,9 @@ class QueuePair:
             return
         base = min(rto, self.rto)
         if not self.retries:
-            wait = base
+            # A probe, not yet a loss: twice the smoothed round trip (TCP's tail-loss
+            # probe), the variance's margin only from the second try on.
+            wait = max(RTO_MIN_S, min(base, 2 * self.srtt)) if self.srtt else base
         else:
             peer_timeout = getattr(self.engine, "peer_timeout_s", None)
             if peer_timeout:
@@ -955,6 +971,8 @@ class QueuePair:
                 return
             eng.drop(DropReason.PSN_OUT_OF_ORDER)
             self.dropped_early = True
+            if self.dropped_to < 0 or psn_diff(psn, self.dropped_to) > 0:
+                self.dropped_to = psn
             if self.selective and self.w_off >= 0:
                 self._report_holes(d)
             self._nak_gap()
@@ -1010,6 +1028,16 @@ class QueuePair:
         self.nak_sent = False
         if self.held:
             self._advance_held()
+        if self.dropped_to >= 0:
+            if psn_diff(self.dropped_to, self.epsn) < 0:
+                self.dropped_to = -1
+            elif self.selective and not self.held and not self.nak_sent:
+                # All before is here, and we dropped what follows: a NAK, not an ACK, so
+                # that the requester tells this from a slow responder (once: its
+                # go-back-N answers it).
+                self.dropped_to = -1
+                self.ack_pending = False
+                self._nak_gap()
         if ackreq:
             if self.ack_delay and opcode in _ENDS and self.w_mr is not self.ring:
                 # A sequencer message's end: its sender waits on no ACK (only its window

@@ -141,6 +141,33 @@ def test_a_go_back_n_requester_reads_no_hole_in_the_msn() -> None:
     assert [_psn(d) for d in eng.out] == list(range(PSN0 + 5, PSN0 + 40))
 
 
+@pytest.mark.parametrize("answer", ["ack", "nak"])
+def test_only_a_nak_after_a_probe_resends_the_whole_window(answer: str) -> None:
+    qp, eng = _qp(window=128, selective=True)
+    _send(qp, 3)
+    _send(qp, 60)
+    qp.on_ack(PSN0 + 1, wire.ACK_SYNDROME, 0.001)
+    eng.out.clear()
+    qp.check_timer(1.0, 0.05)  # the first message's LAST went unACKed
+    assert [_psn(d) for d in eng.out] == [PSN0 + 2]
+    eng.out.clear()
+    if answer == "nak":  # the responder dropped what followed the LAST: all of it again
+        qp.on_ack(PSN0 + 3, NAK_SEQ, 1.001, PSN0 + 3)
+        assert [_psn(d) for d in eng.out] == list(range(PSN0 + 3, PSN0 + 63))
+        return
+    # An ACK that stops there may come from a responder that was only slow: a window's
+    # floor goes again, and the next one once the ACKs reach it.
+    qp.on_ack(PSN0 + 2, wire.ACK_SYNDROME, 1.001)
+    assert [_psn(d) for d in eng.out] == list(range(PSN0 + 3, PSN0 + 3 + MIN_CWND))
+    eng.out.clear()
+    qp.on_ack(PSN0 + 2 + MIN_CWND, wire.ACK_SYNDROME, 1.002)
+    assert [_psn(d) for d in eng.out][:MIN_CWND] == list(
+        range(PSN0 + 3 + MIN_CWND, PSN0 + 3 + 2 * MIN_CWND))
+    eng.out.clear()
+    qp.on_ack(PSN0 + 62, wire.ACK_SYNDROME, 1.003)  # it had everything: no more resends
+    assert not eng.out and not qp.outstanding
+
+
 def test_nak_from_a_go_back_n_peer_resends_everything_once() -> None:
     qp, eng = _qp(selective=False)
     _send(qp, 40)
@@ -202,18 +229,21 @@ def test_retransmit_timeout_follows_the_measured_round_trip() -> None:
     assert eng.stats["timeouts"] == 1
 
 
-def test_with_a_peer_timeout_the_backoff_starts_from_the_measured_timeout() -> None:
+def test_the_first_expiry_probes_and_the_next_back_off_from_the_measured_timeout() -> None:
     qp, eng = _qp(selective=True)
     eng.peer_timeout_s = 1.25  # it judges liveness, so the retries may come sooner
     _send(qp, 4)
     qp.on_ack(PSN0 + 3, wire.ACK_SYNDROME, 0.004)  # a 4 ms round trip
-    rto = qp.rto
-    assert rto < 0.05 / 2
+    rto, probe = qp.rto, 2 * qp.srtt
+    assert RTO_MIN_S < probe < rto < 0.05 / 2
     _send(qp, 4, now=1.0)
     eng.out.clear()
-    qp.check_timer(1.0 + rto * 1.01, 0.05)
+    # The first expiry is a tail-loss probe: twice the smoothed round trip, no variance.
+    qp.check_timer(1.0 + probe * 0.99, 0.05)
+    assert eng.stats["timeouts"] == 0
+    qp.check_timer(1.0 + probe * 1.01, 0.05)
     assert eng.stats["timeouts"] == 1 and [_psn(d) for d in eng.out] == [PSN0 + 4]
-    t = 1.0 + rto * 1.01
+    t = 1.0 + probe * 1.01
     qp.check_timer(t + 2 * rto * 0.99, 0.05)  # twice the measured one, not the engine's
     assert eng.stats["timeouts"] == 1
     qp.check_timer(t + 2 * rto * 1.01, 0.05)
@@ -334,6 +364,21 @@ def test_each_hole_is_reported_once_to_a_selective_peer(selective: bool) -> None
     for i in range(30, 40):
         _write(qp, eng, i, data, 40)
     assert qp.ring.buf[:len(data)].tobytes() == data
+
+
+def test_a_fill_with_dropped_packets_behind_it_is_answered_by_a_nak() -> None:
+    qp, eng = _qp(selective=True)
+    data = bytes(8 * MTU)
+    _write(qp, eng, 0, data, 8)
+    for i in range(2, 8):  # 1 missing; the LAST (7) is dropped, not held
+        _write(qp, eng, i, data, 8)
+    assert eng.drops[DropReason.PSN_OUT_OF_ORDER] == 1
+    _naks(eng)
+    _write(qp, eng, 1, data, 8)
+    # All before the LAST is here: a NAK of the LAST, which a slow responder never sends.
+    assert qp.epsn == 107 and _naks(eng) == [(107, 107)]
+    _write(qp, eng, 7, data, 8)
+    assert qp.epsn == 108 and _acks(eng) == [(AethKind.ACK, 107)]
 
 
 # ---------------------------------------------------------------- on a lossy link
