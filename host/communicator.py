@@ -118,11 +118,11 @@ def chain_segments(nbytes: int) -> int:
     return max(4, min(64, nbytes // CHAIN_SEGMENT_BYTES))
 
 
-
 def _same_dtype(s: UserBuffer, r: UserBuffer) -> None:
     if r.array.dtype != s.array.dtype:
         raise DtypeMismatchError("recvbuf", f"{r.array.dtype} differs from sendbuf's "
                                  f"{s.array.dtype}")
+
 
 class Handle:
     """An in-flight collective: ``wait()`` returns its result, ``test()`` polls it."""

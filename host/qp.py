@@ -912,23 +912,21 @@ class QueuePair:
 
     def check_timer(self, now: float, rto: float) -> None:
         """``rto``: the engine's timeout, the most this QP's measured one may be."""
-        # The measured timeout for the first expiry (a lost resend, a lost tail); later ones
-        # back off from the engine's, so that retry_limit still spans seconds, but never so
-        # far that the peer timeout sees fewer than TRIES_PER_PEER_TIMEOUT tries.
+        # The first expiry is a tail-loss probe at twice the smoothed round trip (the
+        # variance's margin only from the second try on). Later ones back off from the
+        # measured timeout where a peer timeout judges liveness, never so far that it
+        # sees fewer than TRIES_PER_PEER_TIMEOUT tries; without one, from the engine's,
+        # so that retry_limit still spans seconds.
         if not self.outstanding:
             return
         base = min(rto, self.rto)
+        peer_timeout = getattr(self.engine, "peer_timeout_s", None)
         if not self.retries:
-            # A probe, not yet a loss: twice the smoothed round trip (TCP's tail-loss
-            # probe), the variance's margin only from the second try on.
             wait = max(RTO_MIN_S, min(base, 2 * self.srtt)) if self.srtt else base
+        elif peer_timeout:
+            wait = min(base * (1 << min(self.retries, 4)), peer_timeout / TRIES_PER_PEER_TIMEOUT)
         else:
-            peer_timeout = getattr(self.engine, "peer_timeout_s", None)
-            if peer_timeout:
-                wait = min(base * (1 << min(self.retries, 4)),
-                           peer_timeout / TRIES_PER_PEER_TIMEOUT)
-            else:
-                wait = rto * (1 << min(self.retries, 4))
+            wait = rto * (1 << min(self.retries, 4))
         if now - self.last_progress > wait:
             self.retries += 1
             self.engine.stats["timeouts"] += 1
@@ -936,8 +934,7 @@ class QueuePair:
             if self.retries > 1:
                 self._cut(self.outstanding[0][0])
             limit = getattr(self.engine, "retry_limit", None)
-            if limit is not None and self.retries > limit and not getattr(
-                    self.engine, "peer_timeout_s", None):
+            if limit is not None and self.retries > limit and not peer_timeout:
                 # As the HDL requester: ``limit`` retransmissions without an ACK that
                 # moved the window, then the QP fails. With a peer timeout the retries
                 # are closer together, and that timeout judges the silence instead.

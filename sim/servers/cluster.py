@@ -256,23 +256,24 @@ class ClusterServer:
         return moved
 
     async def start_collective(self, kind, group):
-        if kind == "barrier":
+        def reply_all(msg: dict) -> None:
             for client, _, _ in group.values():
-                client.reply({"ok": True})
+                client.reply(msg)
+
+        if kind == "barrier":
+            reply_all({"ok": True})
             return
         heads = {k: h for k, (_, h, _) in group.items()}
         ref = heads[min(heads)]
         if differ := _differing_signatures(heads):
-            for client, _, _ in group.values():
-                client.reply({"error": "signature", "records": differ})
+            reply_all({"error": "signature", "records": differ})
             return
         for k, h in heads.items():
             for f in ("count", "dtype", "name"):
                 if h[f] != ref[f]:
-                    for client, _, _ in group.values():
-                        client.reply({"error": "mismatch", "detail":
-                                      f"rank {k} called {h['name']} {f}={h[f]!r}, rank "
-                                      f"{min(heads)} {ref['name']} {f}={ref[f]!r}"})
+                    reply_all({"error": "mismatch", "detail":
+                               f"rank {k} called {h['name']} {f}={h[f]!r}, rank "
+                               f"{min(heads)} {ref['name']} {f}={ref[f]!r}"})
                     return
         for k, (_, h, payload) in sorted(group.items()):
             await self.tb.mem_write(k, self.bufs[0], payload)
