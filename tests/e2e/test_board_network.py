@@ -7,7 +7,8 @@ kernel's addresses, the software ranks' among them (each rank binds its own, as 
 separate hosts). Every byte of the collectives between ranks is RoCEv2 on that link;
 the board ranks program their nodes and move IN/OUT over the control port. While the
 collectives run, an injector sends frames with a wrong destination MAC and a wrong IP
-on one node's TAP and a control request with the wrong key; each is counted by the
+on one node's TAP, RoCEv2 NAKs and WRITEs for the node's queue pairs forged from a
+stranger's address, and a control request with the wrong key; each is counted by the
 node under its reason (read back through the control port), and the collectives stay
 bit-exact. tshark, capturing both TAPs, decodes every frame. The node's memory (64 KiB)
 is smaller than the largest collective (256 KiB), so the host cuts segments.
@@ -84,15 +85,17 @@ INJECT = r"""
 import json, os, socket, struct, sys, time
 from fpgaccl.errors import TransportError
 from fpgaccl.host.board_device import UdpDevice
-from fpgaccl.proto import ETH, IPV4, ipv4_checksum
+from fpgaccl.proto import ETH, IPV4, build_frame, ipv4_checksum
 from fpgaccl.proto import control as ctl
+from fpgaccl.proto.opcodes import AethKind, NakCode, Opcode, aeth_syndrome
+from fpgaccl.proto.plans import QPN_BASE
 from fpgaccl.proto.regmap import default_map
 from fpgaccl.sim.tap import NODE, mac_int
 tap, node_ip, node_mac, key, cue = (sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]),
                                     sys.argv[5])
 rmap = default_map(qps=NODE["qps"], regions=NODE["regions"], imem_words=NODE["imem_words"],
                    dma=False)
-names = ("not_for_us", "control_key")
+names = ("not_for_us", "control_key", "wrong_source")
 def counters(dev):
     # The control endpoint serves one request at a time and drops the others (the rank's
     # MEM_READ/MEM_WRITEs keep it busy most of the time): ask again until it answers.
@@ -115,20 +118,40 @@ def frame(dst_mac, dst_ip):
     ip = IPV4.pack({**f, "chksum": ipv4_checksum(ip)})
     return ETH.pack(dst=dst_mac, src=0x020000000063, type=0x0800) + ip + icmp
 
+def ip_int(a):
+    return int.from_bytes(socket.inet_aton(a), "big")
+
+# What a stranger on the link can send to a queue pair it has seen: a NAK that would fail
+# the job and a WRITE, from an address that is no peer's, ICRC correct.
+def forged(qpn, psn):
+    hdrs = {"eth": {"dst": mac_int(node_mac), "src": 0x020000000062},
+            "ip": {"src": ip_int(node_ip.rsplit(".", 1)[0] + ".98"), "dst": ip_int(node_ip)}}
+    nak = aeth_syndrome(AethKind.NAK, NakCode.REMOTE_ACCESS_ERROR)
+    return [build_frame(**hdrs, bth={"opcode": Opcode.ACKNOWLEDGE, "dqpn": qpn, "psn": psn},
+                        aeth={"syndrome": nak, "msn": 0}),
+            build_frame(**hdrs, bth={"opcode": Opcode.RDMA_WRITE_ONLY, "dqpn": qpn,
+                                     "psn": psn, "ackreq": 1},
+                        reth={"va": 0, "rkey": 0, "dlen": 4}, payload=b"\xde\xad\xbe\xef")]
+
 while not os.path.exists(cue):
     time.sleep(0.05)
 dev = UdpDevice(node_ip, key, timeout_s=0.5, retries=3)
 before, t0 = counters(dev), time.time()
 raw = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
 raw.bind((tap, 0))
+# The node is rank 2: its queue pairs to ranks 0, 1 and 3 (QPNs are no secret).
+qps = [QPN_BASE + p for p in (0, 1, 3)]
 udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 # A stray host tries to stop the engine: ctrl.control enable=0, with a wrong key.
 stop = ctl.encode(ctl.csr_write(7, key ^ 0xFFFF, [(rmap.address("ctrl.control"), 0)]))
-sent = {"wrong_mac": 0, "wrong_ip": 0, "wrong_key": 0}
+sent = {"wrong_mac": 0, "wrong_ip": 0, "wrong_key": 0, "wrong_source": 0}
 other_ip = node_ip.rsplit(".", 1)[0] + ".99"
 for i in range(5):
     raw.send(frame(0x02AA00000099, node_ip)); sent["wrong_mac"] += 1
     raw.send(frame(mac_int(node_mac), other_ip)); sent["wrong_ip"] += 1
+    for qpn in qps:
+        for f in forged(qpn, i):
+            raw.send(f); sent["wrong_source"] += 1
     time.sleep(0.2)
 # Each wrong-key request until the node has counted it: one that arrives while the control
 # endpoint serves the rank's requests is dropped as busy (a count no register shows yet).
@@ -142,7 +165,7 @@ for i in range(5):
 time.sleep(0.5)
 after, t1 = counters(dev), time.time()
 print(json.dumps({"before": before, "after": after, "sent": sent, "lost_busy": lost,
-                  "t0": t0, "t1": t1}))
+                  "qps": qps, "t0": t0, "t1": t1}))
 """
 
 
@@ -290,6 +313,9 @@ def test_world_of_software_ranks_and_network_nodes(net, tmp_path):
     sent = inj["sent"]
     delta = {k: inj["after"][k] - inj["before"][k] for k in inj["after"]}
     assert delta["not_for_us"] == sent["wrong_mac"] + sent["wrong_ip"], (delta, sent)
+    # Forged RoCEv2 for the node's queue pairs from a stranger: none acted on (the world
+    # completed, bit-exact, above), each counted.
+    assert inj["qps"] and delta["wrong_source"] == sent["wrong_source"] > 0, (delta, inj)
     assert delta["control_key"] == sent["wrong_key"] - inj["lost_busy"] == 5, (delta, inj)
     # The run summary (the rank's drop counters, read at its end) shows them too.
     assert summ[2]["drops"]["control_key"] >= 5, summ[2]["drops"]
