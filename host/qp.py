@@ -353,6 +353,7 @@ class QueuePair:
         # once the ACKs reach ``gbn_psn`` (-1: none), everything from there.
         self.selective = False
         self.gbn_psn = -1
+        self.gbn_probe = False  # a timer probe armed gbn_psn (the responder may be slow)
         # AIMD congestion window (packets, inf: the engine's window), cut at most once a
         # round trip: losses of PSNs before ``recover_psn`` share the cut.
         self.cwnd = float("inf")
@@ -677,7 +678,7 @@ class QueuePair:
         for b in range(0, k * seg, seg):
             self.engine.transmit((flat[b:b + seg],), self.addr)
 
-    def on_ack(self, psn: int, syndrome: int, now: float, msn: int = -1) -> None:
+    def on_ack(self, psn: int, syndrome: int, now: float, msn: int | None = None) -> None:
         kind, code = split_syndrome(syndrome)
         # Only a PSN we sent and is not yet ACKed may be NAKed or ACKed; an ACK may also
         # repeat the newest one ACKed (a responder's answer to a duplicate).
@@ -691,7 +692,8 @@ class QueuePair:
             self.engine.stats["nak_rx"] += 1
             if self._acked(psn - 1, now, nak=True):
                 return  # it moved the ACKs to where the unheld rest was resent from
-            if self.selective and msn != psn and 0 < psn_diff(msn, psn) < self.inflight:
+            if (self.selective and msn is not None and msn != psn
+                    and 0 < psn_diff(msn, psn) < self.inflight):
                 self._cut(msn)
                 self._resend_hole(msn, now)  # a later hole (proto/reliability.py)
                 return
@@ -724,8 +726,8 @@ class QueuePair:
         """Retire what an ACK of ``psn`` covers; True if that resent the rest (the
         responder had all before ``gbn_psn`` and could hold nothing after it). ``nak``:
         it came in a NAK, which says the responder dropped what follows; an ACK that
-        stops there may come from a responder that is only slow to take it (after an
-        early timer probe), so that resends MIN_CWND packets and looks again."""
+        stops there after a timer probe may come from a responder that is only slow to
+        take what follows, so that resends MIN_CWND packets and looks again."""
         out = self.outstanding
         if not out:
             return False
@@ -750,7 +752,7 @@ class QueuePair:
             resend = bool(out) and out[0][0] == self.gbn_psn
             self.gbn_psn = -1
             if resend:
-                if nak or self.inflight <= MIN_CWND:
+                if nak or not self.gbn_probe or self.inflight <= MIN_CWND:
                     self.retransmit(now)
                 else:
                     self.retransmit(now, MIN_CWND)
@@ -819,16 +821,19 @@ class QueuePair:
         self.recover_psn = self.next_psn
         self.engine.stats["window_cuts"] += 1
 
-    def _repair(self, now: float) -> None:
-        """A NAK from a holding responder (proto/reliability.py): resend the NAKed packet
-        alone; what it could not hold is resent once the ACKs reach it (``gbn_psn``)."""
+    def _repair(self, now: float, probe: bool = False) -> None:
+        """A NAK from a holding responder (proto/reliability.py), or a timer ``probe``:
+        resend the oldest packet alone; what the responder could not hold is resent once
+        the ACKs reach it (``gbn_psn``)."""
         if not self.outstanding:
             return
+        self.gbn_probe = probe
         self.last_progress = now
         self.rtt_psn = -1
         self._resend_oldest()
         lost = self.outstanding[0][0]
-        first = self._unheld_from()
+        # A go-back-N responder holds nothing after a gap.
+        first = self._unheld_from() if self.selective else (lost + 1) & wire.PSN_MASK
         self.gbn_psn = first if psn_diff(first, self.next_psn) < 0 else -1
         self.resent_to = (lost + 1) & wire.PSN_MASK
 
@@ -910,23 +915,28 @@ class QueuePair:
         if batch:
             self.engine.transmit_many(batch, self.addr)
 
-    def check_timer(self, now: float, rto: float) -> None:
-        """``rto``: the engine's timeout, the most this QP's measured one may be."""
+    def timer_wait(self, rto: float) -> float:
+        """How long after ``last_progress`` the retransmit timer expires (``rto``: the
+        engine's timeout, the most this QP's measured one may be)."""
         # The first expiry is a tail-loss probe at twice the smoothed round trip (the
         # variance's margin only from the second try on). Later ones back off from the
         # measured timeout where a peer timeout judges liveness, never so far that it
         # sees fewer than TRIES_PER_PEER_TIMEOUT tries; without one, from the engine's,
         # so that retry_limit still spans seconds.
+        base = min(rto, self.rto)
+        if not self.retries:
+            return max(RTO_MIN_S, min(base, 2 * self.srtt)) if self.srtt else base
+        peer_timeout = getattr(self.engine, "peer_timeout_s", None)
+        if peer_timeout:
+            return min(base * (1 << min(self.retries, 4)), peer_timeout / TRIES_PER_PEER_TIMEOUT)
+        return rto * (1 << min(self.retries, 4))
+
+    def check_timer(self, now: float, rto: float) -> None:
+        """``rto``: the engine's timeout, the most this QP's measured one may be."""
         if not self.outstanding:
             return
-        base = min(rto, self.rto)
+        wait = self.timer_wait(rto)
         peer_timeout = getattr(self.engine, "peer_timeout_s", None)
-        if not self.retries:
-            wait = max(RTO_MIN_S, min(base, 2 * self.srtt)) if self.srtt else base
-        elif peer_timeout:
-            wait = min(base * (1 << min(self.retries, 4)), peer_timeout / TRIES_PER_PEER_TIMEOUT)
-        else:
-            wait = rto * (1 << min(self.retries, 4))
         if now - self.last_progress > wait:
             self.retries += 1
             self.engine.stats["timeouts"] += 1
@@ -946,10 +956,7 @@ class QueuePair:
                 # avoids resending a whole window that already arrived; a real loss is
                 # recovered by the full go-back-N on the next expiry (or by a NAK).
                 self.last_progress = now
-                if self.selective:
-                    self._repair(now)  # what follows a lost packet the peer could not hold
-                else:
-                    self._resend_oldest()
+                self._repair(now, probe=True)  # and then what the peer could not hold
             else:
                 self.retransmit(now)
 
@@ -987,7 +994,7 @@ class QueuePair:
             win = mr.window
             if win is not None and win[0] <= off and off + dlen <= win[1]:
                 mr, off = win[2], off - win[0]
-            self.held.clear()  # none can be left: held MIDDLEs precede their LAST
+            self._discard_held()  # none should be left: held MIDDLEs precede their LAST
             self.reported = -1
             if eng.borrowed:
                 # A message of ours may still need what this WRITE is about to overwrite.
@@ -1010,7 +1017,7 @@ class QueuePair:
         if n < 0 or self.w_done + n > self.w_len or (
                 opcode in _ENDS and self.w_done + n != self.w_len):
             self.w_off = -1
-            self.held.clear()
+            self._discard_held()
             return self._access_error(DropReason.OUT_OF_BOUNDS, psn)
         if n:
             start = self.w_off + self.w_done
@@ -1064,6 +1071,12 @@ class QueuePair:
                     eng.arrivals_dirty = True
             self.w_off = -1
             self.w_fold = None
+
+    def _discard_held(self) -> None:
+        """The WRITE the held packets belong to is over: they count as discarded."""
+        if self.held:
+            self.engine.stats["rx_held_discarded"] += len(self.held)
+            self.held.clear()
 
     def _hold(self, opcode: int, psn: int, d: int, pkt: memoryview, end: int) -> bool:
         """Store an early WRITE MIDDLE of the WRITE in progress, ``d`` PSNs ahead, where

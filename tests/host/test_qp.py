@@ -168,6 +168,20 @@ def test_only_a_nak_after_a_probe_resends_the_whole_window(answer: str) -> None:
     assert not eng.out and not qp.outstanding
 
 
+def test_after_a_nak_an_ack_at_the_first_unheld_packet_resends_the_rest() -> None:
+    qp, eng = _qp(window=128, selective=True)
+    _send(qp, 3)
+    _send(qp, 60)
+    eng.out.clear()
+    qp.on_ack(PSN0 + 2, NAK_SEQ, 0.001, PSN0 + 2)  # the LAST: the responder dropped it
+    assert [_psn(d) for d in eng.out] == [PSN0 + 2]
+    eng.out.clear()
+    # Its fill answered by an ACK (the fill's NAK was a hole resent already, or lost):
+    # a NAK, not a probe, said the rest was dropped, so all of it goes again.
+    qp.on_ack(PSN0 + 2, wire.ACK_SYNDROME, 0.002)
+    assert [_psn(d) for d in eng.out] == list(range(PSN0 + 3, PSN0 + 63))
+
+
 def test_nak_from_a_go_back_n_peer_resends_everything_once() -> None:
     qp, eng = _qp(selective=False)
     _send(qp, 40)
@@ -236,6 +250,7 @@ def test_the_first_expiry_probes_and_the_next_back_off_from_the_measured_timeout
     qp.on_ack(PSN0 + 3, wire.ACK_SYNDROME, 0.004)  # a 4 ms round trip
     rto, probe = qp.rto, 2 * qp.srtt
     assert RTO_MIN_S < probe < rto < 0.05 / 2
+    assert qp.timer_wait(0.05) == probe
     _send(qp, 4, now=1.0)
     eng.out.clear()
     # The first expiry is a tail-loss probe: twice the smoothed round trip, no variance.
