@@ -697,7 +697,7 @@ class QueuePair:
                 self._cut(msn)
                 self._resend_hole(msn, now)  # a later hole (proto/reliability.py)
                 return
-            if self.selective and now - self.hole_at.get(psn, -1.0) < self.srtt:
+            if self.selective and self._resent_lately(psn, now):
                 # The gap is a hole already resent: its resend is still on its way.
                 self.engine.stats["nak_ignored"] += 1
                 return
@@ -830,7 +830,7 @@ class QueuePair:
         self.gbn_probe = probe
         self.last_progress = now
         self.rtt_psn = -1
-        self._resend_oldest()
+        self._resend_one(self.outstanding[0], 0)
         lost = self.outstanding[0][0]
         # A go-back-N responder holds nothing after a gap.
         first = self._unheld_from() if self.selective else (lost + 1) & wire.PSN_MASK
@@ -856,34 +856,34 @@ class QueuePair:
             return self.next_psn
         return (start + HOLD_PACKETS) & wire.PSN_MASK
 
+    def _resent_lately(self, psn: int, now: float) -> bool:
+        """Whether a hole report had ``psn`` resent less than a round trip ago."""
+        return now - self.hole_at.get(psn, -1.0) < self.srtt
+
     def _resend_hole(self, psn: int, now: float) -> None:
         """Resend the outstanding packet ``psn`` alone, once a round trip at most."""
-        if now - self.hole_at.get(psn, -1.0) < self.srtt:
+        if self._resent_lately(psn, now):
             self.engine.stats["nak_ignored"] += 1
             return
-        for first, parts, _, k in self.outstanding:
-            i = psn_diff(psn, first)
-            if i >= k:
-                continue
-            self.hole_at[psn] = now
-            self.rtt_psn = -1
-            self.engine.stats["retransmits"] += 1
-            if type(parts) is GatherRun:
-                self.engine.transmit_gather(parts.after(i) if i else parts, 1, self.addr)
-            elif k == 1:
-                self.engine.transmit(parts, self.addr)
-            else:
-                seg = len(parts) // k
-                self.engine.transmit((parts[i * seg:(i + 1) * seg],), self.addr)
-            return
+        for entry in self.outstanding:
+            i = psn_diff(psn, entry[0])
+            if i < entry[3]:
+                self.hole_at[psn] = now
+                self.rtt_psn = -1
+                self._resend_one(entry, i)
+                return
 
-    def _resend_oldest(self) -> None:
+    def _resend_one(self, entry: tuple, i: int) -> None:
+        """Resend packet ``i`` of an ``outstanding`` entry alone."""
         self.engine.stats["retransmits"] += 1
-        _, parts, _, k = self.outstanding[0]
+        _, parts, _, k = entry
         if type(parts) is GatherRun:
-            self.engine.transmit_gather(parts, 1, self.addr)
+            self.engine.transmit_gather(parts.after(i) if i else parts, 1, self.addr)
+        elif k == 1:
+            self.engine.transmit(parts, self.addr)
         else:
-            self.engine.transmit(parts if k == 1 else (parts[:len(parts) // k],), self.addr)
+            seg = len(parts) // k
+            self.engine.transmit((parts[i * seg:(i + 1) * seg],), self.addr)
 
     def retransmit(self, now: float, limit: int = 0) -> None:
         """Go-back-N: resend every unacknowledged packet, oldest first (the first
