@@ -74,14 +74,20 @@ def connect_writes(rmap: RegisterMap, rank: int, peers: Sequence[Peer], *,
 
 
 def collective_writes(rmap: RegisterMap, program: list[Instr], *, buffers: Sequence[int],
-                      count: int, dtype: DType, op: ReduceOp) -> Writes:
-    """Load a program and the collective context (everything but the doorbell)."""
+                      count: int, dtype: DType, op: ReduceOp, digest: int = 0) -> Writes:
+    """Load a program and the collective context (everything but the doorbell).
+    ``digest``: the call's signature digest (:mod:`fpgaccl.proto.signature`), 0: none
+    (the node then neither sends nor checks one)."""
+    if not 0 <= digest < 1 << 64:
+        raise ValueError(f"digest: {digest:#x} is not a 64-bit value")
     out = [_w(rmap, f"imem.word{i}", w) for i, w in enumerate(assemble(program))]
     for i, b in enumerate(BUFFERS):
         out += [_w(rmap, f"coll.{b}_lo", buffers[i] & 0xFFFFFFFF),
                 _w(rmap, f"coll.{b}_hi", buffers[i] >> 32)]
     out += [_w(rmap, "coll.count", count),
-            _w(rmap, "ctrl.reduce", dtype=int(dtype), op=int(op))]
+            _w(rmap, "ctrl.reduce", dtype=int(dtype), op=int(op)),
+            _w(rmap, "coll.sig_lo", digest & 0xFFFFFFFF),
+            _w(rmap, "coll.sig_hi", digest >> 32)]
     return out
 
 

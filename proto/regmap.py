@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from enum import Enum
+from enum import Enum, IntEnum
 from itertools import pairwise
 
 from .drops import DropReason
@@ -18,10 +18,23 @@ from .reduce import DTYPE_BITS, OP_BITS, DType, ReduceOp
 
 REG_BYTES = 4
 ENGINE_ID = 0x4643_434C  # "FCCL"
-REGMAP_VERSION = 3
+REGMAP_VERSION = 4
 """2: ctrl.features, ctrl.config, status.cause/datapath. 3: the build's MTU is
 ``ctrl.config.mtu_log2``; ``ctrl.control.mtu_log2``, which no logic read, is gone;
-``ctrl.reduce`` packs dtype and op in the widths the reduction unit decodes."""
+``ctrl.reduce`` packs dtype and op in the widths the reduction unit decodes. 4: the
+call's signature digest (``coll.sig_lo/hi``), the peer that granted with another
+(``coll.mismatch_peer``, ``coll.peer_sig_lo/hi``) and cause :attr:`StopCause.SIGNATURE`."""
+
+
+class StopCause(IntEnum):
+    """``ctrl.status.cause``: why the sequencer stopped the last program."""
+    NONE = 0
+    BAD_OP = 1
+    BAD_SETUP = 2
+    CHUNK_RANGE = 3
+    PEER_RANGE = 4
+    RUNAWAY = 5        # ran off the end of program memory
+    SIGNATURE = 6      # a peer granted with another call's signature digest
 
 
 class Access(Enum):
@@ -211,7 +224,8 @@ def _full_map(qps: int, regions: int, imem_words: int, dma_host_windows: int,
                 RegField("error", 1, "the last program ended in error"),
                 RegField("cause", 4, "why the sequencer stopped the last program: 0 it did "
                          "not, 1 bad opcode, 2 bad setup, 3 chunk out of range, 4 peer out "
-                         "of range, 5 ran off the end of program memory"),
+                         "of range, 5 ran off the end of program memory, 6 a peer's grant "
+                         "carried another signature digest (StopCause)"),
                 RegField("datapath", 1, "the router refused a command or a transfer "
                          "completed in error (sticky until reset)"),
             )),
@@ -288,7 +302,18 @@ def _full_map(qps: int, regions: int, imem_words: int, dma_host_windows: int,
               for i, buf in enumerate(("in", "out", "tmp", "tmp2"))
               for j, half in enumerate(("lo", "hi"))),
             Register("count", 0x20, RW, "elements in the collective (the programs' n)"),
-        ), "the running collective: local buffers the sequencer's IN/OUT/TMP/TMP2 name"),
+            Register("sig_lo", 0x24, RW, "the call's signature digest bits 31:0 "
+                     "(fpgaccl.proto.signature; 0 with sig_hi: none): sent in each GRANT's "
+                     "RETH VA, compared with each received GRANT's"),
+            Register("sig_hi", 0x28, RW, "the call's signature digest bits 63:32"),
+            Register("mismatch_peer", 0x2C, RO, "the first peer whose GRANT carried a "
+                     "non-zero digest other than sig (valid while status.cause is 6)", (
+                         RegField("peer", 8, "its queue pair (= rank)"),
+                     )),
+            Register("peer_sig_lo", 0x30, RO, "the digest that peer granted with, bits 31:0"),
+            Register("peer_sig_hi", 0x34, RO, "the digest that peer granted with, bits 63:32"),
+        ), "the running collective: local buffers the sequencer's IN/OUT/TMP/TMP2 name, "
+            "and its signature"),
         Block("peer", 0x4000, (
             *(Register(f"{buf}_{half}", 8 * i + 4 * j, RW,
                        f"peer's {buf.upper()} buffer address bits "

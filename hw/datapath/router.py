@@ -5,7 +5,11 @@ Addressing: the sequencer speaks elements in its four buffers; the router adds t
 local buffer bases (``coll`` registers) or, for a SEND, the destination peer's buffer
 base and rkey (``peer`` registers, filled at rendezvous). QP ``i`` talks to rank ``i``.
 A GRANT is a zero-length WRITE whose immediate data has the grant bit set
-(:data:`fpgaccl.proto.COLLECTIVE_IMM`).
+(:data:`fpgaccl.proto.COLLECTIVE_IMM`) and whose RETH VA is the call's signature digest
+(``ctx.sig``, 0: none; a zero-length WRITE's VA is not validated). A received GRANT whose
+digest and ours are both non-zero and differ is no grant: the router latches the peer
+and its digest (``mismatch``, until the next ``start``), so that nothing is ever sent to
+that peer, and the sequencer stops the program (:attr:`StopCause.SIGNATURE`).
 
 Commands are dispatched, not waited for: the sequencer moves on as soon as a command is
 handed to its engine, so a SEND streams out while the next RECV_REDUCE runs. What keeps
@@ -54,6 +58,7 @@ def context_layout(peers: int) -> data.StructLayout:
         "rkey": data.ArrayLayout(data.ArrayLayout(32, N_BUFS), peers),
         "dtype": DTYPE_BITS,
         "op": OP_BITS,
+        "sig": 64,                                                 # signature digest
     })
 
 
@@ -86,6 +91,10 @@ class Router(wiring.Component):
             "recv": In(stream.Signature(RECV_CMPL)),
             "idle": Out(1),
             "error": Out(1),
+            "start": In(1),              # a program starts: forget the last mismatch
+            "mismatch": Out(1),
+            "mismatch_peer": Out(range(peers)),
+            "mismatch_sig": Out(64),
         })
 
     def elaborate(self, platform) -> Module:
@@ -160,6 +169,7 @@ class Router(wiring.Component):
         # taken, from the sequencer's registered payload; the judged cycle adds the
         # offsets. Dispatch then only loads registers. `c` and the context hold still
         # while the command waits, so these stay its own.
+        c_sends, c_grant = Signal(), Signal()   # c is a SEND or GRANT / a GRANT
         nbytes = Signal(33 + 7)
         p_src, p_dst, p_scr, p_raddr = (Signal(64, name=f"p_{n}")
                                         for n in ("src", "dst", "scr", "raddr"))
@@ -171,7 +181,8 @@ class Router(wiring.Component):
             a_src.eq(p_src + (c.offset << shift)),
             a_dst.eq(p_dst + (c.offset << shift)),
             a_scr.eq(p_scr + (c.xoffset << shift)),
-            a_raddr.eq(p_raddr + (c.xoffset << shift)),
+            # A GRANT's VA is the digest: picked here, a register ahead of dispatch.
+            a_raddr.eq(Mux(c_grant, ctx.sig, p_raddr + (c.xoffset << shift))),
         ]
         # `c.op` is NOP while no command waits (commands never carry NOP).
         with m.If(c.op == int(SeqOp.NOP)):
@@ -232,7 +243,6 @@ class Router(wiring.Component):
         # Both flags are loaded with the command and, like `c`'s fields, kept until the
         # next one: after the dispatch (`c.op` is NOP then) the slot reloads the same
         # range, a GRANT's still empty.
-        c_sends, c_grant = Signal(), Signal()   # c is a SEND or GRANT / a GRANT
         with m.If((c.op == int(SeqOp.NOP)) & self.cmd.valid):
             new_op = self.cmd.payload.op
             m.d.sync += [c_sends.eq((new_op == int(SeqOp.SEND)) | (new_op == int(SeqOp.GRANT))),
@@ -242,16 +252,38 @@ class Router(wiring.Component):
                 m.d.sync += [s_buf[p].eq(c.src), s_lo[p].eq(lo),
                              s_hi[p].eq(Mux(c_grant, lo, hi))]
 
-        # Received messages become sequencer events (the sequencer always accepts).
+        # Received messages become sequencer events (the sequencer always accepts), a
+        # cycle after a register stage that compares a GRANT's digest with ours in
+        # 16-bit parts: the 64-bit compare stays off the event flops' inputs.
         imm_in = data.View(_IMM, self.recv.payload.imm)
+        r_valid, r_grant = Signal(), Signal()
+        r_peer, r_step = Signal.like(self.recv.payload.qp), Signal.like(imm_in.step)
+        r_va = Signal(64)
+        r_ne, r_vz = Signal(4), Signal(4)       # per part: differs from ours / is zero
+        sig_nz = Signal()                       # ours is not 0 (static while it runs)
+        va = self.recv.payload.va
         m.d.comb += self.recv.ready.eq(1)
+        m.d.sync += [
+            r_valid.eq(self.recv.valid & self.recv.payload.has_imm),
+            r_grant.eq(imm_in.grant), r_peer.eq(self.recv.payload.qp),
+            r_step.eq(imm_in.step), r_va.eq(va),
+            r_ne.eq(Cat(va[16 * i:16 * i + 16] != ctx.sig[16 * i:16 * i + 16]
+                        for i in range(4))),
+            r_vz.eq(Cat(va[16 * i:16 * i + 16] == 0 for i in range(4))),
+            sig_nz.eq(ctx.sig != 0),
+        ]
+        bad = r_grant & sig_nz & ~r_vz.all() & r_ne.any()
         m.d.sync += [self.grant.valid.eq(0), self.landed.valid.eq(0)]
-        with m.If(self.recv.valid & self.recv.payload.has_imm):
-            for s in (self.grant, self.landed):
-                m.d.sync += [s.payload.peer.eq(self.recv.payload.qp),
-                             s.payload.step.eq(imm_in.step)]
-            with m.If(imm_in.grant):
-                m.d.sync += self.grant.valid.eq(1)
-            with m.Else():
+        for s in (self.grant, self.landed):
+            m.d.sync += [s.payload.peer.eq(r_peer), s.payload.step.eq(r_step)]
+        with m.If(r_valid):
+            with m.If(~r_grant):
                 m.d.sync += self.landed.valid.eq(1)
+            with m.Elif(~bad):
+                m.d.sync += self.grant.valid.eq(1)
+            with m.Elif(~self.mismatch):
+                m.d.sync += [self.mismatch.eq(1), self.mismatch_peer.eq(r_peer),
+                             self.mismatch_sig.eq(r_va)]
+        with m.If(self.start):
+            m.d.sync += self.mismatch.eq(0)
         return m

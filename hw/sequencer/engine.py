@@ -15,6 +15,7 @@ from amaranth.lib.wiring import In, Out
 
 from fpgaccl.hw.net.layouts import header_layout
 from fpgaccl.proto.isa import INSTRUCTION, WORDS_PER_INSTRUCTION, SeqOp
+from fpgaccl.proto.regmap import StopCause
 
 from .command import ELEM_BITS, Command, Event
 from .divider import CeilDivider
@@ -23,13 +24,7 @@ _INSTR = header_layout(INSTRUCTION)
 CS_SPLIT = 17  # `cs` is multiplied in two parts, each within one 18x18 DSP block
 
 
-class ErrorCode:
-    NONE = 0
-    BAD_OP = 1
-    BAD_SETUP = 2
-    CHUNK_RANGE = 3
-    PEER_RANGE = 4
-    RUNAWAY = 5  # fell off the end of program memory
+ErrorCode = StopCause
 
 
 class Sequencer(wiring.Component):
@@ -53,6 +48,9 @@ class Sequencer(wiring.Component):
             "drained": In(1, init=1),
             "grant": In(stream.Signature(Event)),
             "landed": In(stream.Signature(Event)),
+            # a peer granted with another signature (the router's latch): no further
+            # instruction runs; the program stops once the datapath has drained
+            "abort": In(1),
             "busy": Out(1),
             "done": Out(1),           # one-cycle pulse at DONE
             "error": Out(1),
@@ -175,7 +173,9 @@ class Sequencer(wiring.Component):
                 m.next = "EXEC"
             with m.State("EXEC"):
                 m.d.comb += self.busy.eq(1)
-                with m.Switch(ins.op):
+                with m.If(self.abort & self.drained):
+                    fail(ErrorCode.SIGNATURE)
+                with m.Elif(~self.abort), m.Switch(ins.op):
                     with m.Case(int(SeqOp.NOP)):
                         m.next = "FETCH_LO"
                     with m.Case(int(SeqOp.SETUP)):

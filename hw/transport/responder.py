@@ -15,8 +15,10 @@ Per received header (from the parser, payload after it on ``data``):
 * in order: a FIRST/ONLY looks its RETH rkey up in the region table (key, then
   remote-write right, then ``[va, va+dlen)`` inside the region); a failure is counted
   (``BAD_RKEY``/``ACCESS_DENIED``/``OUT_OF_BOUNDS``), writes nothing and NAKs
-  remote-access-error. MIDDLE/LAST must continue an open message and may not overrun
-  its ``dlen``; LAST/ONLY must end it exactly. Accepted payload streams to ``wr``.
+  remote-access-error. One of zero DMA length passes unchecked (IBTA: its R_Key and VA
+  are not validated; a GRANT's VA is a signature digest). MIDDLE/LAST must continue an
+  open message and may not overrun its ``dlen``; LAST/ONLY must end it exactly.
+  Accepted payload streams to ``wr``.
 
 ACKs are coalesced: accepted packets only set a per-QP "ACK owed" flag, raised by the
 BTH AckReq bit (the requester sets it on a message's last packet and periodically), by
@@ -194,9 +196,13 @@ class Responder(wiring.Component):
         # header's end (va + dlen, added as the header is taken in) and each region's
         # end (base + length, from software's context, a cycle behind it).
         hq_end = Signal(65)
+        # IBTA: a zero-length WRITE's R_Key and VA are not validated (a GRANT carries
+        # the call's signature digest in its VA); decided here, a flop ahead of CHECK.
+        hq_zero = Signal()
         with m.If(self.hdr.valid & self.hdr.ready):
             m.d.sync += [hq.eq(self.hdr.payload), hq_v.eq(1),
-                         hq_end.eq(self.hdr.payload.reth.va + self.hdr.payload.reth.dlen)]
+                         hq_end.eq(self.hdr.payload.reth.va + self.hdr.payload.reth.dlen),
+                         hq_zero.eq(self.hdr.payload.reth.dlen == 0)]
 
         hit_c, idx_c = qp_lookup(m, self.qp_ctl, nqp, hq.bth.dqpn, QPState.RTR, "rx_qp")
         hit, idx = Signal(), Signal.like(idx_c)
@@ -244,9 +250,9 @@ class Responder(wiring.Component):
                 m.d.comb += take.eq(1)
                 src_ok = src_v.bit_select(idx, 1)
                 m.d.sync += [h.eq(hq), q_hit.eq(hit & src_ok), q_wrong.eq(hit & ~src_ok),
-                             q.eq(idx), key_ok.eq(k_hit.any()),
-                             right_ok.eq((first_hot & k_right).any()),
-                             bound_ok.eq((first_hot & k_bound).any())]
+                             q.eq(idx), key_ok.eq(k_hit.any() | hq_zero),
+                             right_ok.eq((first_hot & k_right).any() | hq_zero),
+                             bound_ok.eq((first_hot & k_bound).any() | hq_zero)]
                 m.d.sync += [flag.eq(v) for flag, v in classes]
                 m.next = "PICK"
 

@@ -6,6 +6,8 @@ GRANT needs everything drained."""
 from amaranth.sim import Simulator
 
 from fpgaccl.hw.datapath.router import Router
+from fpgaccl.hw.net.layouts import header_layout
+from fpgaccl.proto import COLLECTIVE_IMM
 from fpgaccl.proto.isa import Buf, SeqOp
 from fpgaccl.proto.reduce import DType
 
@@ -239,4 +241,72 @@ def test_a_grant_in_flight_holds_no_range():
         await issue(ctx, dut, command(SeqOp.COPY, src=Buf.IN, dst=Buf.OUT, offset=0,
                                       length=8))
         assert await watch(ctx, dut, 4) == {"copy_job", "done"}
+    run(script)
+
+
+DIGEST = 0x0123_4567_89AB_CDEF
+_IMM = header_layout(COLLECTIVE_IMM)
+
+
+def _imm(step, grant):
+    return _IMM.const({"coll_id": 1, "step": step, "grant": grant}).as_value().value
+
+
+async def receive(ctx, dut, *, peer, va, step=0, grant=1):
+    """One receive completion; the grant/landed events and mismatch state after it."""
+    ctx.set(dut.recv.payload, {"qp": peer, "va": va, "len": 0, "imm": _imm(step, grant),
+                               "has_imm": 1})
+    ctx.set(dut.recv.valid, 1)
+    await ctx.tick()
+    ctx.set(dut.recv.valid, 0)
+    events = []
+    for _ in range(4):
+        for name in ("grant", "landed"):
+            s = getattr(dut, name)
+            if ctx.get(s.valid):
+                events.append((name, ctx.get(s.payload.peer), ctx.get(s.payload.step)))
+        await ctx.tick()
+    return events
+
+
+def test_a_grant_carries_the_digest_in_its_va():
+    async def script(ctx, dut):
+        ctx.set(dut.ctx.sig, DIGEST)
+        ctx.set(dut.ctx.rbase[2][int(Buf.OUT)], 0x500000)
+        await issue(ctx, dut, command(SeqOp.GRANT, peer=2, offset=3, length=8))
+        await ctx.tick().until(dut.desc.valid)
+        d = ctx.get(dut.desc.payload)
+        assert (d.qp, d.raddr, d.len) == (2, DIGEST, 0)
+        await complete_send(ctx, dut, 2)
+        # A SEND still goes to the peer's buffer.
+        await issue(ctx, dut, command(SeqOp.SEND, peer=2, offset=3, length=8))
+        await ctx.tick().until(dut.desc.valid)
+        assert ctx.get(dut.desc.payload.raddr) == 0x500000 + 3 * 4
+    run(script)
+
+
+def test_a_grant_with_another_digest_is_no_grant():
+    """An equal digest, or 0 on either side, is a grant; a differing one raises
+    ``mismatch`` with the peer and its digest (the first such, until ``start``) and
+    never becomes a grant event. Messages are events whatever their VA."""
+    async def script(ctx, dut):
+        ctx.set(dut.ctx.sig, DIGEST)
+        assert await receive(ctx, dut, peer=1, va=DIGEST, step=4) == [("grant", 1, 4)]
+        assert await receive(ctx, dut, peer=2, va=0, step=5) == [("grant", 2, 5)]
+        assert await receive(ctx, dut, peer=3, va=0x4000, grant=0) == [("landed", 3, 0)]
+        assert not ctx.get(dut.mismatch)
+        other = DIGEST ^ (1 << 40)
+        assert await receive(ctx, dut, peer=3, va=other, step=6) == []
+        assert ctx.get(dut.mismatch)
+        assert (ctx.get(dut.mismatch_peer), ctx.get(dut.mismatch_sig)) == (3, other)
+        assert await receive(ctx, dut, peer=1, va=other ^ 1) == []
+        assert (ctx.get(dut.mismatch_peer), ctx.get(dut.mismatch_sig)) == (3, other)
+        ctx.set(dut.start, 1)
+        await ctx.tick()
+        ctx.set(dut.start, 0)
+        assert not ctx.get(dut.mismatch)
+        # Without a digest of our own, nothing is compared.
+        ctx.set(dut.ctx.sig, 0)
+        assert await receive(ctx, dut, peer=1, va=other, step=7) == [("grant", 1, 7)]
+        assert not ctx.get(dut.mismatch)
     run(script)

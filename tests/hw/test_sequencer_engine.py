@@ -89,3 +89,44 @@ def test_offsets_of_large_chunks_and_the_clamp_to_the_count():
     assert got["cmds"] == [(SeqOp.COPY, 4 * cs, count - 4 * cs), (SeqOp.COPY, cs, 3 * cs),
                            (SeqOp.SEND, 2 * cs, cs)]
     assert got["xoffsets"][2] == 3 * cs
+
+
+def test_abort_stops_a_program_waiting_for_a_grant_once_drained():
+    """The router's signature mismatch (``abort``): the program waiting for peer 1's
+    grant issues nothing more and stops with cause SIGNATURE, but only once the datapath
+    has drained (a SEND still in flight must finish first); without it, it waits."""
+    m = Module()
+    m.submodules.seq = seq = Sequencer(imem_words=32, peers=2)
+    program = [Instr(SeqOp.SETUP, step=1),
+               Instr(SeqOp.SEND, src=Buf.OUT, peer=1, chunk=0, count=1),
+               Instr(SeqOp.COPY, buf=Buf.OUT, chunk=0, count=1),
+               Instr(SeqOp.DONE)]
+    m.submodules.imem = imem = Memory(shape=32, depth=32, init=assemble(program))
+    rd = imem.read_port()
+    m.d.comb += [rd.addr.eq(seq.imem_raddr), seq.imem_rdata.eq(rd.data)]
+    out = {}
+
+    async def bench(ctx):
+        ctx.set(seq.count, 100)
+        ctx.set(seq.cmd.ready, 1)
+        ctx.set(seq.start, 1)
+        await ctx.tick()
+        ctx.set(seq.start, 0)
+        await ctx.tick().repeat(40)
+        out["waiting"] = ctx.get(seq.busy) and not ctx.get(seq.cmd.valid)
+        ctx.set(seq.drained, 0)
+        ctx.set(seq.abort, 1)
+        await ctx.tick().repeat(20)
+        out["stopped_early"] = not ctx.get(seq.busy)
+        ctx.set(seq.drained, 1)
+        await ctx.tick().repeat(3)
+        out["busy"], out["error"] = ctx.get(seq.busy), ctx.get(seq.error)
+        out["code"], out["cmd"] = ctx.get(seq.error_code), ctx.get(seq.cmd.valid)
+
+    sim = Simulator(m)
+    sim.add_clock(1e-8)
+    sim.add_testbench(bench)
+    sim.run()
+    assert out["waiting"] and not out["stopped_early"]
+    assert (out["busy"], out["error"], out["code"], out["cmd"]) == (
+        0, 1, ErrorCode.SIGNATURE, 0)

@@ -265,3 +265,19 @@ def test_back_to_back_zero_length_writes_see_each_others_context():
     assert [a for a in ack_list(acks) if a[0] != ACK] == [(nak(NakCode.PSN_SEQUENCE_ERROR), 1)]
     assert ack_list(acks)[-1] == (ACK, 3)
     assert [c[3] for c in cmpls] == [0x10002, 0x101, 0x102, 0x103]
+
+
+def test_zero_length_write_passes_with_any_va_and_rkey():
+    """IBTA: a zero-length WRITE's R_Key and VA are not validated (a GRANT carries its
+    signature digest in the VA): accepted with its VA on the completion, without the
+    remote-write right even, and a WRITE with bytes to the same VA is still refused."""
+    digest = 0xFEDC_BA98_7654_3210
+    for rkey, access in ((KEY + 5, 1), (KEY, 0), (0, 1)):
+        grant = message(3, b"", va=digest, rkey=rkey, imm=0x4242)
+        acks, mem, cmpls, drops = run(grant, epsn=3, access=access)
+        assert drops == {} and mem == {}, (rkey, access)
+        assert cmpls == [(1, digest, 0, 0x4242, 1)], (rkey, access)
+        assert ack_list(acks) == [(ACK, 3)], (rkey, access)
+    acks, mem, cmpls, drops = run(message(3, bytes(8), va=digest), epsn=3)
+    assert mem == {} and cmpls == [] and drops == {DropReason.OUT_OF_BOUNDS: 1}
+    assert ack_list(acks) == [(nak(NakCode.REMOTE_ACCESS_ERROR), 3)]
