@@ -163,6 +163,8 @@ class Node(wiring.Component):
             router.ctx.sig.eq(Cat(coll.sig_lo.value, coll.sig_hi.value)),
             router.start.eq(seq.start),
             seq.abort.eq(router.mismatch),
+            seq.keep_grants.eq(router.ahead),
+            seq.abort_peer.eq(router.mismatch_peer),
             bank.coll_sts.mismatch_peer.peer.eq(router.mismatch_peer),
             bank.coll_sts.peer_sig_lo.value.eq(router.mismatch_sig[:32]),
             bank.coll_sts.peer_sig_hi.value.eq(router.mismatch_sig[32:]),

@@ -27,13 +27,29 @@ checks a peer's record before it sends to that peer, before it takes (reduces or
 a message from it, and -- where peers' WRITEs land straight in the caller's buffer --
 before it grants. A rank that finds a difference sends ``STEP_MISMATCH`` with both
 records (64 bytes: the peer's, then its own) to *every* software peer of the world and
-fails; a rank that receives one fails its call with the same error. Records from HDL
-peers are absent and not checked.
+fails; a rank that receives one fails its call with the same error. HDL peers send
+no record: only their digest, as follows.
 
-Where it would travel for the HDL: the GRANT is a zero-length RDMA WRITE, whose RETH
-VA (64 bits) the responder need not validate (IBTA: zero DMA length). The granting
-rank puts its digest there (0: none); the data sender compares it with its own before
-it sends a byte and, on a difference, sends ``STEP_MISMATCH`` instead.
+Where the digest travels (every rank, software and HDL): in every GRANT. A GRANT is a
+zero-length RDMA WRITE, whose R_Key and RETH VA (64 bits) a responder does not validate
+(IBTA: zero DMA length), so the granting rank puts its digest in the VA (0: none). A
+rank that takes a GRANT compares its VA with its own digest before it sends a byte to
+the granting rank; both non-zero and different is a mismatch:
+
+* an HDL node (``coll.sig_lo/hi``, written by
+  :func:`fpgaccl.proto.plans.collective_writes`) sends nothing more to that peer,
+  latches it and its digest (``coll.mismatch_peer``, ``coll.peer_sig_lo/hi``) and
+  stops the program with ``ctrl.status.cause``
+  :attr:`~fpgaccl.proto.regmap.StopCause.SIGNATURE`; the host that drives it raises
+  the error. The node tells a GRANT's call by its ImmDt ``coll_id``: one for a later
+  program (a peer ahead of our doorbell) is compared when that program starts, one
+  for an earlier program (what is left of a failed call) is dropped, and nothing of
+  a failed call counts for the next;
+* a software rank fails its call, grants the node (if it had not) so that the node
+  sees its digest too, and sends ``STEP_MISMATCH`` to its software peers with a
+  :func:`digest_record` for the node in place of the record it never got.
+
+Where only digests are known, the error names the field ``digest``.
 """
 
 from __future__ import annotations
@@ -153,5 +169,18 @@ def with_rank(sig: Signature, rank: int) -> Signature:
     return replace(sig, rank=rank)
 
 
+def digest_record(digest: int, rank: int) -> bytes:
+    """A record that knows only ``rank``'s digest (from an HDL node's GRANT): kind 0,
+    which no :class:`Kind` is, marks it."""
+    return RECORD.pack(digest, 0, 0, 0, 0, NONE_ROOT, rank, 0, 0)
+
+
+def digest_only(data: bytes | memoryview) -> tuple[int, int] | None:
+    """(digest, rank) of a :func:`digest_record`; None for a full record."""
+    digest, *_, rank, kind, _ = RECORD.unpack_from(data)
+    return (digest, rank) if kind == 0 else None
+
+
 __all__ = ["FIELDS", "NONE_OP", "NONE_ROOT", "RECORD", "STEP_MISMATCH", "STEP_SIGNATURE",
-           "Kind", "Signature", "difference", "program_digest", "tag_value", "with_rank"]
+           "Kind", "Signature", "difference", "digest_only", "digest_record", "program_digest",
+           "tag_value", "with_rank"]

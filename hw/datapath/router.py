@@ -9,7 +9,9 @@ A GRANT is a zero-length WRITE whose immediate data has the grant bit set
 (``ctx.sig``, 0: none; a zero-length WRITE's VA is not validated). A received GRANT whose
 digest and ours are both non-zero and differ is no grant: the router latches the peer
 and its digest (``mismatch``, until the next ``start``), so that nothing is ever sent to
-that peer, and the sequencer stops the program (:attr:`StopCause.SIGNATURE`).
+that peer, and the sequencer stops the program (:attr:`StopCause.SIGNATURE`). A GRANT
+that comes before its program's doorbell is compared when that program starts (see
+:meth:`Router._receive`).
 
 Commands are dispatched, not waited for: the sequencer moves on as soon as a command is
 handed to its engine, so a SEND streams out while the next RECV_REDUCE runs. What keeps
@@ -73,7 +75,7 @@ def element_shift(m: Module, dtype) -> Signal:
 
 
 class Router(wiring.Component):
-    def __init__(self, peers: int) -> None:
+    def __init__(self, peers: int, counter_bits: int = 8) -> None:
         self.peers = peers
         super().__init__({
             "ctx": In(context_layout(peers)),
@@ -95,6 +97,7 @@ class Router(wiring.Component):
             "mismatch": Out(1),
             "mismatch_peer": Out(range(peers)),
             "mismatch_sig": Out(64),
+            "ahead": Out(data.ArrayLayout(counter_bits, peers)),
         })
 
     def elaborate(self, platform) -> Module:
@@ -252,14 +255,30 @@ class Router(wiring.Component):
                 m.d.sync += [s_buf[p].eq(c.src), s_lo[p].eq(lo),
                              s_hi[p].eq(Mux(c_grant, lo, hi))]
 
-        # Received messages become sequencer events (the sequencer always accepts), a
-        # cycle after a register stage that compares a GRANT's digest with ours in
-        # 16-bit parts: the 64-bit compare stays off the event flops' inputs.
+        self._receive(m)
+        return m
+
+    def _receive(self, m: Module) -> None:
+        """Received messages become sequencer events (the sequencer always accepts), a
+        cycle after a register stage that compares a GRANT's digest with ours in 16-bit
+        parts and its coll_id with the running program's: no 64-bit compare or 16-bit
+        subtraction on the event flops' inputs.
+
+        A GRANT with a digest (VA != 0) is judged by its coll_id: this program's is
+        compared now; one ahead (a peer already in a later segment or call, before
+        our doorbell) is counted, and its digest compared after the next ``start``;
+        one behind is a leftover of a call that failed, dropped. Once ``mismatch`` is
+        latched, the rest of the call's grants and messages are dropped, and a message
+        behind a checked program's coll_id too: nothing of a failed call may count for
+        the next. ``ahead`` counts the grants for a later program since this one
+        started: those the sequencer keeps when it stops on a mismatch."""
+        ctx = self.ctx
         imm_in = data.View(_IMM, self.recv.payload.imm)
         r_valid, r_grant = Signal(), Signal()
         r_peer, r_step = Signal.like(self.recv.payload.qp), Signal.like(imm_in.step)
         r_va = Signal(64)
         r_ne, r_vz = Signal(4), Signal(4)       # per part: differs from ours / is zero
+        r_d = Signal(16)                        # its coll_id - this program's
         sig_nz = Signal()                       # ours is not 0 (static while it runs)
         va = self.recv.payload.va
         m.d.comb += self.recv.ready.eq(1)
@@ -270,20 +289,60 @@ class Router(wiring.Component):
             r_ne.eq(Cat(va[16 * i:16 * i + 16] != ctx.sig[16 * i:16 * i + 16]
                         for i in range(4))),
             r_vz.eq(Cat(va[16 * i:16 * i + 16] == 0 for i in range(4))),
+            r_d.eq(imm_in.coll_id - self.coll_id),
             sig_nz.eq(ctx.sig != 0),
         ]
-        bad = r_grant & sig_nz & ~r_vz.all() & r_ne.any()
+        same, behind = r_d == 0, r_d[15]
+        digest = ~r_vz.all()
+
+        # Digests of grants that came ahead of their program, and their count.
+        e_sig = Array(Signal(64, name=f"e_sig{p}") for p in range(self.peers))
+        e_pend = Signal(self.peers)
+        e_ne = Array(Signal(4, name=f"e_ne{p}") for p in range(self.peers))
+        for p in range(self.peers):
+            m.d.sync += e_ne[p].eq(Cat(e_sig[p][16 * i:16 * i + 16]
+                                       != ctx.sig[16 * i:16 * i + 16] for i in range(4)))
+        ahead = Array(Signal.like(self.ahead[p], name=f"ahead{p}")
+                      for p in range(self.peers))
+        m.d.comb += [self.ahead[p].eq(ahead[p]) for p in range(self.peers)]
+
+        def latch(peer, sig) -> None:
+            with m.If(~self.mismatch):
+                m.d.sync += [self.mismatch.eq(1), self.mismatch_peer.eq(peer),
+                             self.mismatch_sig.eq(sig)]
+
         m.d.sync += [self.grant.valid.eq(0), self.landed.valid.eq(0)]
         for s in (self.grant, self.landed):
             m.d.sync += [s.payload.peer.eq(r_peer), s.payload.step.eq(r_step)]
         with m.If(r_valid):
             with m.If(~r_grant):
-                m.d.sync += self.landed.valid.eq(1)
-            with m.Elif(~bad):
+                m.d.sync += self.landed.valid.eq(~((sig_nz & behind) | (self.mismatch & same)))
+            with m.Elif(~digest):
                 m.d.sync += self.grant.valid.eq(1)
-            with m.Elif(~self.mismatch):
-                m.d.sync += [self.mismatch.eq(1), self.mismatch_peer.eq(r_peer),
-                             self.mismatch_sig.eq(r_va)]
+            with m.Elif(behind):
+                pass
+            with m.Elif(~same):
+                m.d.sync += [self.grant.valid.eq(1), e_sig[r_peer].eq(r_va),
+                             e_pend.bit_select(r_peer, 1).eq(1),
+                             ahead[r_peer].eq(ahead[r_peer] + 1)]
+            with m.Elif(self.mismatch):
+                pass
+            with m.Elif(sig_nz & r_ne.any()):
+                latch(r_peer, r_va)
+            with m.Else():
+                m.d.sync += self.grant.valid.eq(1)
+
+        # The grants that came ahead are this program's from its start on: their digests
+        # are compared a few cycles later (the compare registered, the doorbell's
+        # coll_id settled), before the sequencer's first EXEC.
+        started = Signal(4)
+        m.d.sync += started.eq(Cat(self.start, started[:-1]))
         with m.If(self.start):
             m.d.sync += self.mismatch.eq(0)
-        return m
+        with m.If(started[-1]):
+            m.d.sync += e_pend.eq(0)
+            for p in range(self.peers):
+                m.d.sync += ahead[p].eq(0)
+            for p in reversed(range(self.peers)):   # the lowest peer's statement wins
+                with m.If(e_pend[p] & sig_nz & e_ne[p].any()):
+                    latch(p, e_sig[p])

@@ -49,8 +49,14 @@ class Sequencer(wiring.Component):
             "grant": In(stream.Signature(Event)),
             "landed": In(stream.Signature(Event)),
             # a peer granted with another signature (the router's latch): no further
-            # instruction runs; the program stops once the datapath has drained
+            # instruction runs; one GRANT goes to that peer (`abort_peer`), so that it
+            # sees our digest even where the program had not granted it yet; then the
+            # program stops once the datapath has drained, its grant counters
+            # reloaded with `keep_grants` (those for later programs) and its message
+            # counters cleared: nothing of it counts for the next
             "abort": In(1),
+            "abort_peer": In(range(peers)),
+            "keep_grants": In(data.ArrayLayout(counter_bits, peers)),
             "busy": Out(1),
             "done": Out(1),           # one-cycle pulse at DONE
             "error": Out(1),
@@ -106,6 +112,7 @@ class Sequencer(wiring.Component):
 
         m.d.sync += self.done.eq(0)
         cmd = self.cmd.payload
+        told = Signal()      # the mismatched peer has had its GRANT
         with m.If(self.cmd.valid & self.cmd.ready):
             m.d.sync += self.cmd.valid.eq(0)
 
@@ -127,7 +134,7 @@ class Sequencer(wiring.Component):
             with m.State("IDLE"):
                 m.d.comb += self.busy.eq(0)
                 with m.If(self.start):
-                    m.d.sync += [pc.eq(self.entry), count.eq(self.count),
+                    m.d.sync += [pc.eq(self.entry), count.eq(self.count), told.eq(0),
                                  coll_id.eq(self.coll_id), self.error.eq(0),
                                  self.error_code.eq(0), nchunks.eq(0)]
                     m.next = "FETCH_LO"
@@ -173,8 +180,14 @@ class Sequencer(wiring.Component):
                 m.next = "EXEC"
             with m.State("EXEC"):
                 m.d.comb += self.busy.eq(1)
-                with m.If(self.abort & self.drained):
+                with m.If(self.abort & ~told):
+                    m.d.sync += [cmd.eq(0), cmd.op.eq(int(SeqOp.GRANT)),
+                                 cmd.peer.eq(self.abort_peer), cmd.coll_id.eq(coll_id),
+                                 self.cmd.valid.eq(1), told.eq(1)]
+                    m.next = "WAIT_DONE"
+                with m.Elif(self.abort & self.drained):
                     fail(ErrorCode.SIGNATURE)
+                    m.d.sync += [grants.eq(self.keep_grants), landed.eq(0)]
                 with m.Elif(~self.abort), m.Switch(ins.op):
                     with m.Case(int(SeqOp.NOP)):
                         m.next = "FETCH_LO"

@@ -248,14 +248,14 @@ DIGEST = 0x0123_4567_89AB_CDEF
 _IMM = header_layout(COLLECTIVE_IMM)
 
 
-def _imm(step, grant):
-    return _IMM.const({"coll_id": 1, "step": step, "grant": grant}).as_value().value
+def _imm(step, grant, coll_id):
+    return _IMM.const({"coll_id": coll_id, "step": step, "grant": grant}).as_value().value
 
 
-async def receive(ctx, dut, *, peer, va, step=0, grant=1):
+async def receive(ctx, dut, *, peer, va, step=0, grant=1, coll_id=1):
     """One receive completion; the grant/landed events and mismatch state after it."""
-    ctx.set(dut.recv.payload, {"qp": peer, "va": va, "len": 0, "imm": _imm(step, grant),
-                               "has_imm": 1})
+    ctx.set(dut.recv.payload, {"qp": peer, "va": va, "len": 0,
+                               "imm": _imm(step, grant, coll_id), "has_imm": 1})
     ctx.set(dut.recv.valid, 1)
     await ctx.tick()
     ctx.set(dut.recv.valid, 0)
@@ -267,6 +267,16 @@ async def receive(ctx, dut, *, peer, va, step=0, grant=1):
                 events.append((name, ctx.get(s.payload.peer), ctx.get(s.payload.step)))
         await ctx.tick()
     return events
+
+
+async def start(ctx, dut, coll_id, sig):
+    """A doorbell: the program's coll_id and digest, and the start pulse."""
+    ctx.set(dut.coll_id, coll_id)
+    ctx.set(dut.ctx.sig, sig)
+    ctx.set(dut.start, 1)
+    await ctx.tick()
+    ctx.set(dut.start, 0)
+    await ctx.tick().repeat(6)       # the sequencer's first EXEC comes no sooner
 
 
 def test_a_grant_carries_the_digest_in_its_va():
@@ -286,11 +296,12 @@ def test_a_grant_carries_the_digest_in_its_va():
 
 
 def test_a_grant_with_another_digest_is_no_grant():
-    """An equal digest, or 0 on either side, is a grant; a differing one raises
-    ``mismatch`` with the peer and its digest (the first such, until ``start``) and
-    never becomes a grant event. Messages are events whatever their VA."""
+    """For the running program (its coll_id): an equal digest, or 0 on either side, is
+    a grant; a differing one raises ``mismatch`` with the peer and its digest (the
+    first such, until ``start``) and never becomes a grant event; the call's later
+    grants and messages are dropped. Messages are events whatever their VA."""
     async def script(ctx, dut):
-        ctx.set(dut.ctx.sig, DIGEST)
+        await start(ctx, dut, 1, DIGEST)
         assert await receive(ctx, dut, peer=1, va=DIGEST, step=4) == [("grant", 1, 4)]
         assert await receive(ctx, dut, peer=2, va=0, step=5) == [("grant", 2, 5)]
         assert await receive(ctx, dut, peer=3, va=0x4000, grant=0) == [("landed", 3, 0)]
@@ -300,13 +311,43 @@ def test_a_grant_with_another_digest_is_no_grant():
         assert ctx.get(dut.mismatch)
         assert (ctx.get(dut.mismatch_peer), ctx.get(dut.mismatch_sig)) == (3, other)
         assert await receive(ctx, dut, peer=1, va=other ^ 1) == []
+        assert await receive(ctx, dut, peer=1, va=DIGEST) == []
+        assert await receive(ctx, dut, peer=2, va=0x40, grant=0) == []
         assert (ctx.get(dut.mismatch_peer), ctx.get(dut.mismatch_sig)) == (3, other)
-        ctx.set(dut.start, 1)
-        await ctx.tick()
-        ctx.set(dut.start, 0)
-        assert not ctx.get(dut.mismatch)
         # Without a digest of our own, nothing is compared.
-        ctx.set(dut.ctx.sig, 0)
-        assert await receive(ctx, dut, peer=1, va=other, step=7) == [("grant", 1, 7)]
+        await start(ctx, dut, 2, 0)
+        assert not ctx.get(dut.mismatch)
+        assert await receive(ctx, dut, peer=1, va=other, step=7, coll_id=2) == [
+            ("grant", 1, 7)]
+        assert not ctx.get(dut.mismatch)
+    run(script)
+
+
+def test_grants_ahead_are_checked_at_start_and_leftovers_dropped():
+    """A grant for a later program (a peer that is ahead, before our doorbell) counts
+    at once, in ``ahead`` too, and its digest is compared once that program starts; a
+    grant or checked message behind the running program's coll_id (a failed call's
+    leftover) is dropped."""
+    async def script(ctx, dut):
+        other = DIGEST + 1
+        await start(ctx, dut, 5, DIGEST)
+        assert await receive(ctx, dut, peer=1, va=DIGEST, coll_id=6, step=1) == [
+            ("grant", 1, 1)]
+        assert await receive(ctx, dut, peer=2, va=other, coll_id=6, step=2) == [
+            ("grant", 2, 2)]
+        assert await receive(ctx, dut, peer=2, va=other, coll_id=7, step=3) == [
+            ("grant", 2, 3)]
+        assert [ctx.get(dut.ahead[p]) for p in range(PEERS)] == [0, 1, 2, 0]
+        assert await receive(ctx, dut, peer=3, va=DIGEST, coll_id=4) == []
+        assert await receive(ctx, dut, peer=3, va=0x40, grant=0, coll_id=4) == []
+        assert not ctx.get(dut.mismatch)
+        await start(ctx, dut, 6, DIGEST)
+        assert ctx.get(dut.mismatch)
+        assert (ctx.get(dut.mismatch_peer), ctx.get(dut.mismatch_sig)) == (2, other)
+        assert [ctx.get(dut.ahead[p]) for p in range(PEERS)] == [0] * PEERS
+        # Agreeing grants ahead pass.
+        assert await receive(ctx, dut, peer=1, va=DIGEST + 2, coll_id=7) == [
+            ("grant", 1, 0)]
+        await start(ctx, dut, 7, DIGEST + 2)
         assert not ctx.get(dut.mismatch)
     run(script)

@@ -93,18 +93,32 @@ def test_offsets_of_large_chunks_and_the_clamp_to_the_count():
 
 def test_abort_stops_a_program_waiting_for_a_grant_once_drained():
     """The router's signature mismatch (``abort``): the program waiting for peer 1's
-    grant issues nothing more and stops with cause SIGNATURE, but only once the datapath
-    has drained (a SEND still in flight must finish first); without it, it waits."""
+    grant issues only a GRANT to the peer that differs (so that it sees our digest)
+    and stops with cause SIGNATURE, but only once the datapath has drained (a SEND
+    still in flight must finish first); without it, it waits. Its
+    counters keep only the grants ``keep_grants`` names (for later programs): a message
+    that landed for it counts for no later program."""
     m = Module()
     m.submodules.seq = seq = Sequencer(imem_words=32, peers=2)
     program = [Instr(SeqOp.SETUP, step=1),
                Instr(SeqOp.SEND, src=Buf.OUT, peer=1, chunk=0, count=1),
-               Instr(SeqOp.COPY, buf=Buf.OUT, chunk=0, count=1),
+               Instr(SeqOp.DONE),
+               # entry 3: the next program
+               Instr(SeqOp.SETUP, step=1),
+               Instr(SeqOp.SEND, src=Buf.OUT, peer=0, chunk=0, count=1),
+               Instr(SeqOp.RECV, peer=0),
                Instr(SeqOp.DONE)]
     m.submodules.imem = imem = Memory(shape=32, depth=32, init=assemble(program))
     rd = imem.read_port()
     m.d.comb += [rd.addr.eq(seq.imem_raddr), seq.imem_rdata.eq(rd.data)]
     out = {}
+
+    async def pulse(ctx, sig, **payload):
+        for k, v in payload.items():
+            ctx.set(getattr(sig.payload, k), v)
+        ctx.set(sig.valid, 1)
+        await ctx.tick()
+        ctx.set(sig.valid, 0)
 
     async def bench(ctx):
         ctx.set(seq.count, 100)
@@ -112,21 +126,54 @@ def test_abort_stops_a_program_waiting_for_a_grant_once_drained():
         ctx.set(seq.start, 1)
         await ctx.tick()
         ctx.set(seq.start, 0)
+        # Peer 0: a message of this call and a grant for the next.
+        await pulse(ctx, seq.landed, peer=0)
+        await pulse(ctx, seq.grant, peer=0)
         await ctx.tick().repeat(40)
         out["waiting"] = ctx.get(seq.busy) and not ctx.get(seq.cmd.valid)
         ctx.set(seq.drained, 0)
         ctx.set(seq.abort, 1)
+        ctx.set(seq.abort_peer, 1)
+        ctx.set(seq.keep_grants[0], 1)
+        await ctx.tick().until(seq.cmd.valid)
+        c = ctx.get(seq.cmd.payload)
+        out["told"] = (SeqOp(c.op), c.peer, c.length)
+        await ctx.tick()
+        ctx.set(seq.cmd_done, 1)
+        await ctx.tick()
+        ctx.set(seq.cmd_done, 0)
         await ctx.tick().repeat(20)
         out["stopped_early"] = not ctx.get(seq.busy)
+        out["more"] = ctx.get(seq.cmd.valid)
         ctx.set(seq.drained, 1)
         await ctx.tick().repeat(3)
         out["busy"], out["error"] = ctx.get(seq.busy), ctx.get(seq.error)
         out["code"], out["cmd"] = ctx.get(seq.error_code), ctx.get(seq.cmd.valid)
+        ctx.set(seq.abort, 0)
+        ctx.set(seq.entry, 3)
+        ctx.set(seq.start, 1)
+        await ctx.tick()
+        ctx.set(seq.start, 0)
+        sends = 0
+        for _ in range(200):
+            if ctx.get(seq.cmd.valid):
+                sends += 1
+                await ctx.tick()
+                ctx.set(seq.cmd_done, 1)
+                await ctx.tick()
+                ctx.set(seq.cmd_done, 0)
+                continue
+            await ctx.tick()
+        out["sends"], out["next_busy"] = sends, ctx.get(seq.busy)
 
     sim = Simulator(m)
     sim.add_clock(1e-8)
     sim.add_testbench(bench)
     sim.run()
-    assert out["waiting"] and not out["stopped_early"]
+    assert out["waiting"] and not out["stopped_early"] and not out["more"]
+    assert out["told"] == (SeqOp.GRANT, 1, 0)
     assert (out["busy"], out["error"], out["code"], out["cmd"]) == (
         0, 1, ErrorCode.SIGNATURE, 0)
+    # The kept grant lets the next program's SEND go; the landed message is gone, so
+    # its RECV waits.
+    assert out["sends"] == 1 and out["next_busy"]
