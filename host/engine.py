@@ -23,7 +23,7 @@ import socket
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -113,6 +113,9 @@ class Engine:
         self.mrs: dict[int, MemoryRegion] = {}
         self.qps: dict[int, QueuePair] = {}  # by local QPN
         self.by_peer: dict[int, QueuePair] = {}
+        # coll_ids of calls that failed on a signature mismatch: their peers' grants and
+        # messages, late or left over, are no events for later calls.
+        self.dead_colls: set[int] = set()
         self.arrivals_dirty = False
         self._rng = np.random.default_rng()
         self.socket_buffer_bytes = socket_buffer_bytes
@@ -345,6 +348,18 @@ class Engine:
         for key in [k for k, m in self.borrowed.items() if m.overlaps(lo, hi)]:
             self.borrowed.pop(key).own()
             self.stats["borrow_copies"] += 1
+
+    def forget_calls(self, coll_ids: Iterable[int]) -> None:
+        """Calls that failed on a signature mismatch: drop their grants and messages
+        that no program took, and those still to come (until a call reuses the id)."""
+        dead = self.dead_colls
+        dead.update(c & 0xFFFF for c in coll_ids)
+        for qp in self.by_peer.values():
+            for q in (qp.grants, qp.landed):
+                if any(e[0] in dead for e in q):
+                    keep = [e for e in q if e[0] not in dead]
+                    q.clear()
+                    q.extend(keep)
 
     def protect_all(self) -> None:
         """The borrowed memory goes back to its owner (a program ends): every message

@@ -65,9 +65,10 @@ space only.
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 from collections import deque
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -90,6 +91,8 @@ from fpgaccl.proto.signature import (
     STEP_SIGNATURE,
     Signature,
     difference,
+    digest_only,
+    digest_record,
 )
 
 from . import wire
@@ -319,12 +322,18 @@ class SignatureCheck:
     software peer as a notice, and a notice from any fails this rank's call alike."""
 
     def __init__(self, engine: Engine, mine: Signature, program: Sequence[Instr],
-                 coll_id: int, software: frozenset[int]) -> None:
+                 coll_id: int, software: frozenset[int],
+                 coll_ids: Sequence[int] = ()) -> None:
         self.engine = engine
         self.mine = mine
         self.coll_id = coll_id & 0xFFFF
+        # The call's segments: a grant of one of them is this call's.
+        self.coll_ids = frozenset(c & 0xFFFF for c in coll_ids) or {self.coll_id}
         self.software = software
         self.checked: set[int] = set()
+        self.granted: set[int] = set()   # peers this call has sent a GRANT
+        self.regrant: Callable[[int], object] | None = None
+        """Sends an HDL peer a GRANT with this rank's digest (set by the executor)."""
         self.error: CollectiveMismatchError | None = None
         _drain_stale(engine, self.coll_id, software)
         record = memoryview(mine.pack())
@@ -336,7 +345,9 @@ class SignatureCheck:
             self.theirs[p] = (engine.recv(p, self.coll_id, STEP_SIGNATURE, buf, None,
                                           "signature"), buf)
             engine.send(p, self.coll_id, STEP_SIGNATURE, record)
-        self.checked.update(peers - talk)  # HDL peers send no record yet
+        # HDL peers send no record: only their digest, in their GRANTs' VA.
+        self.hdl = frozenset(peers - software)
+        self.checked.update(self.hdl)
         self.notices: dict[int, tuple[Completion, np.ndarray]] = {}
         for p in sorted(software):
             buf = np.zeros(2 * RECORD.size, np.uint8)
@@ -347,11 +358,36 @@ class SignatureCheck:
         if self.error is None:
             for comp, buf in self.notices.values():
                 if comp.done:
-                    a = Signature.unpack(buf[:RECORD.size])
                     b = Signature.unpack(buf[RECORD.size:])
-                    self.error = mismatch_error(a, b)
+                    if (a := digest_only(buf[:RECORD.size])) is not None:
+                        self.error = digest_mismatch_error(a[1], a[0], b.rank, b.digest)
+                    else:
+                        self.error = mismatch_error(Signature.unpack(buf[:RECORD.size]), b)
                     break
+        if self.error is None:
+            self._hdl_grants()
         return self.error
+
+    def _hdl_grants(self) -> None:
+        """Compare the digest in each GRANT of this call from an HDL peer (its VA) with
+        this rank's: checked before anything is sent to that peer, and while this rank
+        waits (a node that differs stops, after it has granted us once so that we see
+        it). On a difference the node gets this rank's digest too, in a GRANT, unless
+        this call granted it already, and the software peers get the notice."""
+        mine = self.mine.digest
+        for p in self.hdl:
+            qp = self.engine.by_peer.get(p)
+            if qp is None:
+                continue
+            for coll, _step, digest in qp.grants:
+                if coll in self.coll_ids and digest and digest != mine:
+                    self.error = digest_mismatch_error(p, digest, self.mine.rank, mine)
+                    note = memoryview(digest_record(digest, p) + self.mine.pack())
+                    for sp in sorted(self.software):
+                        self.engine.send(sp, self.coll_id, STEP_MISMATCH, note)
+                    if p not in self.granted and self.regrant is not None:
+                        self.regrant(p)
+                    return
 
     def raise_notice(self) -> None:
         if self.notice() is not None:
@@ -408,6 +444,14 @@ def mismatch_error(a: Signature, b: Signature) -> CollectiveMismatchError:
         a, b = b, a
     field, values = difference(a, b) or ("digest", ("?", "?"))
     return CollectiveMismatchError.of(field, (a.rank, b.rank), values)
+
+
+def digest_mismatch_error(rank_a: int, digest_a: int, rank_b: int,
+                          digest_b: int) -> CollectiveMismatchError:
+    """The error where only the two ranks' digests are known (an HDL node's, from its
+    GRANT or its registers), ordered by rank like :func:`mismatch_error`."""
+    (ra, da), (rb, db) = sorted(((rank_a, digest_a), (rank_b, digest_b)))
+    return CollectiveMismatchError.of("digest", (ra, rb), (f"{da:#x}", f"{db:#x}"))
 
 
 def _drain_stale(engine: Engine, coll_id: int, software: frozenset[int]) -> None:
@@ -511,6 +555,10 @@ def _execute(engine: Engine, region: CollectiveRegion, remotes: dict[int, Remote
     by_peer = engine.by_peer
     mtu = engine.mtu
     post_grant = wire.collective_imm
+    digest = 0 if sig is None else sig.mine.digest
+    engine.dead_colls.discard(coll_id)   # an id reused after 2**16 calls
+    if sig is not None:
+        sig.regrant = functools.partial(_regrant, engine, remotes, coll_id, digest)
     for pc, ins in enumerate(program):
         o = ins.op
         if o is SeqOp.SETUP:
@@ -546,8 +594,11 @@ def _execute(engine: Engine, region: CollectiveRegion, remotes: dict[int, Remote
             # A bound OUT is the caller's buffer: a granted peer may write it at once.
             yield from sig.check(ins.peer)
         if o is SeqOp.GRANT:
+            # The VA is not validated (zero length): it carries the digest, 0 for none.
             qp.post_direct(Message(_EMPTY, post_grant(coll_id, True, ins.step), None,
-                                   va=remote.bases[ins.buf] + xoff * isz, rkey=remote.rkey))
+                                   va=digest, rkey=remote.rkey))
+            if sig is not None:
+                sig.granted.add(ins.peer)
             continue
         if o is SeqOp.SEND:
             q = qp.grants
@@ -555,6 +606,8 @@ def _execute(engine: Engine, region: CollectiveRegion, remotes: dict[int, Remote
                 yield _Head(q) if sig is None else sig.waiting(q)
                 if sig is not None:
                     sig.raise_notice()
+            if sig is not None:
+                sig.raise_notice()   # the grant's digest, before a byte goes
             _take(q, coll_id, ins, rank, "grant")
             nbytes = (last - first) * isz
             if (xoff * isz + nbytes > remote.stage_bytes):
@@ -620,6 +673,12 @@ def _execute(engine: Engine, region: CollectiveRegion, remotes: dict[int, Remote
     raise ProgramError(f"rank {rank}: program ran off its end without DONE")
 
 
+def _regrant(engine: Engine, remotes: dict[int, RemoteBuffers], coll_id: int, digest: int,
+             peer: int) -> None:
+    engine.by_peer[peer].post_direct(Message(_EMPTY, wire.collective_imm(coll_id, True, 0),
+                                             None, va=digest, rkey=remotes[peer].rkey))
+
+
 def _protect(engine: Engine, dst: np.ndarray) -> None:
     lo = dst.__array_interface__["data"][0]
     engine.protect(lo, lo + dst.nbytes)
@@ -635,5 +694,5 @@ def _take(q: deque, coll_id: int, ins: Instr, rank: int, what: str) -> tuple:
 
 
 __all__ = ["DEFAULT_STAGE_BYTES", "CollectiveRegion", "ProgramError", "RemoteBuffers",
-           "SignatureCheck", "average_into", "execute", "mismatch_error", "reduce_into",
-           "setup_chunks", "writes_in"]
+           "SignatureCheck", "average_into", "digest_mismatch_error", "execute",
+           "mismatch_error", "reduce_into", "setup_chunks", "writes_in"]

@@ -165,6 +165,12 @@ class Jobs:
                 del jobs[i]
                 job.finish()
                 continue
+            except CollectiveMismatchError as e:
+                # Every rank of the call fails it before any data moves (signature
+                # check): the queue pairs stay in step, and later calls may run.
+                del jobs[i]
+                job.finish(e)
+                continue
             except BaseException as e:
                 # Whatever failed mid-schedule, peers and queue pairs are now out of step
                 # with this rank: other jobs cannot be trusted to match, so fail them too.

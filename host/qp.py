@@ -299,6 +299,8 @@ class GatherRun:
 
 ANY_QP = -1
 """``MemoryRegion.qpn`` of a region every QP may write (the collective region)."""
+_NO_REGION = MemoryRegion(0, np.zeros(0, np.uint8), ANY_QP)
+"""Where a zero-length WRITE with a key of no region "lands": nowhere (not the ring)."""
 
 
 @dataclass
@@ -391,9 +393,10 @@ class QueuePair:
         self.w_len = 0
         self.w_done = 0
         self.w_mr: MemoryRegion = ring
+        self.w_va = 0   # the RETH VA of the WRITE in progress
         self.arrived: deque[Arrival] = deque()
         # Sequencer events from this peer, in arrival order: (coll_id, step).
-        self.grants: deque[tuple[int, int]] = deque()
+        self.grants: deque[tuple[int, int, int]] = deque()   # coll_id, step, digest
         self.landed: deque[tuple[int, int, int]] = deque()  # (coll_id, step, bytes)
         self.local_port = engine.addr[1]  # our UDP source port, part of the ICRC
         self._ack: wire.AckSealer | None = None  # this QP's ACKs, once connected
@@ -986,22 +989,36 @@ class QueuePair:
             va, rkey, dlen = wire.RETH_FMT.unpack_from(pkt, pos)
             pos += wire.RETH_LEN
             mr = eng.mrs.get(rkey)
-            if mr is None or (mr.qpn != self.qpn and mr.qpn != ANY_QP):
-                return self._access_error(DropReason.BAD_RKEY, psn)
-            off = va - mr.va
-            if off < 0 or off + dlen > len(mr.buf):
-                return self._access_error(DropReason.OUT_OF_BOUNDS, psn)
-            win = mr.window
-            if win is not None and win[0] <= off and off + dlen <= win[1]:
-                mr, off = win[2], off - win[0]
-            self._discard_held()  # none should be left: held MIDDLEs precede their LAST
-            self.reported = -1
-            if eng.borrowed:
-                # A message of ours may still need what this WRITE is about to overwrite.
-                eng.protect(mr.va + off, mr.va + off + dlen)
-            self.w_off, self.w_len, self.w_done, self.w_mr = off, dlen, 0, mr
-            f = self.fold
-            self.w_fold = f if f is not None and f.lands_at(mr.va + off, dlen) else None
+            if mr is not None and mr.qpn != self.qpn and mr.qpn != ANY_QP:
+                mr = None
+            self.w_va = va
+            off = -1 if mr is None else va - mr.va
+            if (mr is None or off < 0 or off + dlen > len(mr.buf)) and dlen == 0:
+                # IBTA: a zero-length WRITE's R_Key and VA are not validated (a GRANT
+                # carries its signature digest in the VA). A key that names a region
+                # still tells a ring message from a sequencer event; an unknown one is
+                # the latter.
+                self._discard_held()
+                self.reported = -1
+                self.w_off, self.w_len, self.w_done = 0, 0, 0
+                self.w_mr = _NO_REGION if mr is None else mr
+                self.w_fold = None
+            else:
+                if mr is None:
+                    return self._access_error(DropReason.BAD_RKEY, psn)
+                if off < 0 or off + dlen > len(mr.buf):
+                    return self._access_error(DropReason.OUT_OF_BOUNDS, psn)
+                win = mr.window
+                if win is not None and win[0] <= off and off + dlen <= win[1]:
+                    mr, off = win[2], off - win[0]
+                self._discard_held()  # none should be left: held MIDDLEs precede their LAST
+                self.reported = -1
+                if eng.borrowed:
+                    # A message of ours may still need what this WRITE is about to overwrite.
+                    eng.protect(mr.va + off, mr.va + off + dlen)
+                self.w_off, self.w_len, self.w_done, self.w_mr = off, dlen, 0, mr
+                f = self.fold
+                self.w_fold = f if f is not None and f.lands_at(mr.va + off, dlen) else None
         elif self.w_off < 0:
             # MIDDLE/LAST without a FIRST: the sequence of opcodes is broken.
             eng.drop(DropReason.ACCESS_DENIED)
@@ -1055,8 +1072,11 @@ class QueuePair:
             if imm >= 0 and self.w_mr is not self.ring:
                 # The collective region: COLLECTIVE_IMM, an event for the executor.
                 eng.seq_due = True
-                if imm & wire.IMM_GRANT:
-                    self.grants.append((imm >> 16, imm & wire.IMM_STEP_MASK))
+                if (imm >> 16) in eng.dead_colls:
+                    pass
+                elif imm & wire.IMM_GRANT:
+                    # The grant's VA: the granting rank's signature digest (0: none).
+                    self.grants.append((imm >> 16, imm & wire.IMM_STEP_MASK, self.w_va))
                 else:
                     self.landed.append((imm >> 16, imm & wire.IMM_STEP_MASK, self.w_len))
                     # The message the sequencer waits on: no later WRITE may be folded.

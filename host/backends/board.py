@@ -34,14 +34,14 @@ import numpy as np
 
 from fpgaccl.errors import BackendUnavailableError, InvalidArgumentError, UnsupportedError
 from fpgaccl.proto.plans import Peer, Writes, connect_writes
-from fpgaccl.proto.queues import Opcode, Space, node_addr, work_imm
+from fpgaccl.proto.queues import Opcode, Space, Status, node_addr, work_imm
 from fpgaccl.proto.regmap import ENGINE_ID, REGMAP_VERSION, config_fields, default_map
 
 from ..board_device import SimDevice
 from ..driver import Device, QueueDriver, check_completion
 from ..rendezvous import exchange, master
 from .network import NetworkNodePort
-from .registers import RegisterBackend
+from .registers import RegisterBackend, node_mismatch
 
 RING_BASE = 0x0800_0000
 """Pinned host memory of the SQ and CQ (a DMA window of their own)."""
@@ -159,6 +159,11 @@ class BoardPort:
         wr_id = drv.post(Opcode.WORK, imm=work_imm(0, coll_id))
         drv.doorbell()
         cqe = drv.reap(1, timeout_s=deadline_s, name=name, rank=self.rank)[0]
+        if cqe["status"] == Status.PROGRAM_ERROR:
+            status = self.rmap["ctrl"]["status"].decode(
+                dev.csr_read(self.rmap.address("ctrl.status")))
+            if (e := node_mismatch(self.rmap, status, dev.csr_read)) is not None:
+                raise e
         check_completion(cqe, wr_id=wr_id, name=name, rank=self.rank)
         cycles = dev.cycle() - start
         return self._load(self.local[1], out_bytes), cycles

@@ -45,6 +45,7 @@ from fpgaccl.proto.regmap import default_map
 
 from ..neighbors import resolve_mac
 from ..rendezvous import exchange, master
+from .registers import node_mismatch
 
 PAD_BYTES = 4096
 """Room each buffer keeps for the programs' chunk padding (as the DMA board's)."""
@@ -147,6 +148,8 @@ class NetworkNodePort:
             time.sleep(wait)
             wait = min(2 * wait, POLL_S[1])
         status = self.rmap["ctrl"]["status"].decode(regs[0])
+        if (e := node_mismatch(self.rmap, status, dev.csr_read)) is not None:
+            raise e
         if status["error"] or status["datapath"]:
             raise TransportError(f"rank {self.rank}: {name}: the node at {dev.name} ended "
                                  f"the program in error ({status})")

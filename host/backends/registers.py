@@ -23,9 +23,33 @@ from fpgaccl.proto import programs as lib
 from fpgaccl.proto.isa import Buf, assemble
 from fpgaccl.proto.plans import Writes, collective_writes
 from fpgaccl.proto.reduce import DType, ReduceOp
-from fpgaccl.proto.regmap import RegisterMap
+from fpgaccl.proto.regmap import RegisterMap, StopCause
 
+from ..executor import digest_mismatch_error
 from .base import Finished, Program, ProgramRun, Segment
+
+
+class NodeMismatch(Exception):
+    """What a :class:`NodePort` raises when its node stopped the program on a signature
+    mismatch (``ctrl.status.cause`` :attr:`StopCause.SIGNATURE`): the peer (rank) whose
+    GRANT carried another digest, and that digest. The backend turns it into the
+    :class:`~fpgaccl.errors.CollectiveMismatchError` the software backend raises."""
+
+    def __init__(self, peer: int, digest: int) -> None:
+        super().__init__(f"rank {peer} granted with signature digest {digest:#x}")
+        self.peer = peer
+        self.digest = digest
+
+
+def node_mismatch(rmap: RegisterMap, status: dict[str, int],
+                  read: Callable[[int], int]) -> NodeMismatch | None:
+    """The :class:`NodeMismatch` a decoded ``ctrl.status`` stands for, reading the
+    latched peer and digest through ``read(address)``; None for any other status."""
+    if not status["error"] or status["cause"] != StopCause.SIGNATURE:
+        return None
+    peer = rmap["coll"]["mismatch_peer"].decode(read(rmap.address("coll.mismatch_peer")))
+    digest = read(rmap.address("coll.peer_sig_lo")) | read(rmap.address("coll.peer_sig_hi")) << 32
+    return NodeMismatch(peer["peer"], digest)
 
 
 class NodePort(Protocol):
@@ -94,17 +118,23 @@ class RegisterBackend:
                                    f"instruction words; the engine holds {port.imem_words}")
         dt = run.np_dtype
         self.last_cycles = 0
+        digest = 0 if run.signature is None else run.signature.digest
         for s in run.segments:
             writes = collective_writes(port.rmap, list(run.program), buffers=port.buffers,
-                                       count=s.count, dtype=run.dtype, op=run.op)
+                                       count=s.count, dtype=run.dtype, op=run.op,
+                                       digest=digest)
             inbuf = np.ascontiguousarray(run.get_in(s.lo, s.hi))
             sig: dict[str, Any] = {"name": run.name, "count": s.count, "dtype": dt.str}
             if run.signature is not None:
                 sig["signature"] = run.signature.pack().hex()
             if run.peers is not None:
                 sig["group"] = list(run.peers)
-            out, cycles = port.execute(run.name, s.coll_id, writes, inbuf.tobytes(),
-                                       s.count * dt.itemsize, sig, deadline_s)
+            try:
+                out, cycles = port.execute(run.name, s.coll_id, writes, inbuf.tobytes(),
+                                           s.count * dt.itemsize, sig, deadline_s)
+            except NodeMismatch as e:
+                # Nothing reached the caller's buffers: OUT is put only after a run.
+                raise digest_mismatch_error(self.rank, digest, e.peer, e.digest) from None
             self.last_cycles += cycles
             run.put_out(np.frombuffer(out, dt, s.count), s.lo, s.hi)
         self.total_cycles += self.last_cycles

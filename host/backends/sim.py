@@ -67,7 +67,7 @@ from fpgaccl.proto.signature import Signature
 
 from ..executor import mismatch_error
 from ..rendezvous import bind_ip, exchange, is_loopback, master
-from .registers import RegisterBackend
+from .registers import RegisterBackend, node_mismatch
 
 SOCKET_ENV = "FPGACCL_SIM_SOCKET"
 SIM_RANKS_ENV = "FPGACCL_SIM_RANKS"
@@ -157,6 +157,11 @@ class ClusterPort:
         if err in ("timeout", "peer"):
             raise CollectiveTimeoutError(name, self.rank, timeout, detail)
         if err == "engine":
+            regs = {self.rmap.address(f"coll.{r}"): v
+                    for r, v in head.get("registers", {}).items()}
+            if (e := node_mismatch(self.rmap, head.get("status", {"error": 0}),
+                                   regs.__getitem__)) is not None:
+                raise e
             raise TransportError(f"rank {self.rank}: {detail}")
         if err == "mismatch":
             raise CountMismatchError("count", detail)

@@ -206,10 +206,11 @@ class SoftwareBackend:
 
         def job() -> Program:
             sig = None
-            if run.signature is not None and software and run.segments:
+            if run.signature is not None and run.segments:
                 # One record for the whole call: segments after the first agree if it does.
                 sig = SignatureCheck(engine, run.signature, run.program,
-                                     run.segments[0].coll_id, software)
+                                     run.segments[0].coll_id, software,
+                                     [s.coll_id for s in run.segments])
             try:
                 for s in run.segments:
                     direct = None if bind is None else bind[s.lo:s.hi]
@@ -228,6 +229,8 @@ class SoftwareBackend:
             finally:
                 if sig is not None:
                     sig.close()
+                    if sig.error is not None:
+                        engine.forget_calls(s.coll_id for s in run.segments)
 
         return engine.submit(run.name, job(), deadline_s)
 

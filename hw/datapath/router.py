@@ -267,7 +267,9 @@ class Router(wiring.Component):
         A GRANT with a digest (VA != 0) is judged by its coll_id: this program's is
         compared now; one ahead (a peer already in a later segment or call, before
         our doorbell) is counted, and its digest compared after the next ``start``;
-        one behind is a leftover of a call that failed, dropped. Once ``mismatch`` is
+        one behind is a leftover of a call that failed, dropped. A program without a
+        digest (send/recv, numbered apart) compares nothing and takes every other
+        program's grant for one ahead. Once ``mismatch`` is
         latched, the rest of the call's grants and messages are dropped, and a message
         behind a checked program's coll_id too: nothing of a failed call may count for
         the next. ``ahead`` counts the grants for a later program since this one
@@ -319,7 +321,7 @@ class Router(wiring.Component):
                 m.d.sync += self.landed.valid.eq(~((sig_nz & behind) | (self.mismatch & same)))
             with m.Elif(~digest):
                 m.d.sync += self.grant.valid.eq(1)
-            with m.Elif(behind):
+            with m.Elif(behind & sig_nz):
                 pass
             with m.Elif(~same):
                 m.d.sync += [self.grant.valid.eq(1), e_sig[r_peer].eq(r_va),

@@ -329,9 +329,12 @@ class ClusterServer:
             st = self.rmap["ctrl"]["status"].decode(await self.tb.csr_read(k, status))
             if st["error"]:
                 self.stats["errors"] += 1
+                # The registers a signature mismatch latched (the rank maps them).
+                regs = {r: await self.tb.csr_read(k, self.rmap.address(f"coll.{r}"))
+                        for r in ("mismatch_peer", "peer_sig_lo", "peer_sig_hi")}
                 client.reply({"error": "engine", "detail": f"node {k} ended "
                               f"{h['name']} (coll_id {h['coll_id']}) in error",
-                              "cycles": cycles})
+                              "cycles": cycles, "status": st, "registers": regs})
                 continue
             out = await self.tb.mem_read(k, self.bufs[1], int(h["out_bytes"]))
             client.reply({"ok": True, "cycles": cycles}, out)

@@ -139,3 +139,74 @@ def test_two_software_and_two_simulated_ranks(cluster, tmp_path):
         assert gone.startswith(("CollectiveTimeoutError", "RanksTimeoutError", "PeerDeadError")), \
             (r, gone)
         assert float(gone.split(" after ")[1].split(" s")[0]) < 60, (r, gone)
+
+
+MISMATCH_SCRIPT = textwrap.dedent("""
+    import json
+    import sys
+    import time
+
+    import numpy as np
+
+    import fpgaccl
+    from fpgaccl.errors import CollectiveMismatchError
+
+    comm = fpgaccl.init()
+    r = comm.rank
+    comm.deadline_s = 60.0
+    n = 200
+    out = {}
+    # Rank 0 (software) and rank 1 (a simulated node) disagree: op, then a dtype of the
+    # same size. Every rank must raise, in time, with both buffers as they were.
+    for case, dtype, op in (("op", ("int32", "int32"), ("sum", "max")),
+                            ("dtype", ("int32", "float32"), ("sum", "sum"))):
+        x = (np.arange(n) % 13 + r).astype(dtype[r])
+        y = np.full_like(x, 7)
+        xs, ys = x.copy(), y.copy()
+        t0 = time.monotonic()
+        try:
+            comm.allreduce(x, y, op=op[r])
+            got = "completed"
+        except CollectiveMismatchError as e:
+            got = f"{type(e).__name__}: {e.field} {e.ranks} {e.values}"
+        out[case] = {"error": got, "s": time.monotonic() - t0,
+                     "unchanged": bool(x.tobytes() == xs.tobytes()
+                                       and y.tobytes() == ys.tobytes())}
+    # The same world agrees again: bit-exact.
+    x = (np.arange(n) * 3 - 100 * r).astype(np.int32)
+    out["agree"] = comm.allreduce(x, np.empty_like(x)).tolist()
+    with open(f"{sys.argv[1]}/mm{r}.json", "w") as f:
+        json.dump(out, f)
+    print(f"rank {r} done on {comm.backend}", flush=True)
+""")
+
+
+@pytest.mark.slow
+def test_a_software_rank_and_a_node_that_disagree_both_raise(cluster, tmp_path):
+    """One software rank and one simulated node with check_calls: the node's GRANT
+    carries its call's digest and the software rank's carries its own; each side
+    compares and stops before a byte of data moves, so both raise
+    CollectiveMismatchError (field "digest": the node sends no full record) naming
+    ranks 0 and 1 with the same values, no buffer changes, and the next, agreeing
+    allreduce is bit-exact."""
+    script = tmp_path / "mismatch.py"
+    script.write_text(MISMATCH_SCRIPT)
+    proc = subprocess.run(
+        [sys.executable, "-m", "fpgaccl.host.cli", "run", "-n", "2", "--sim-ranks", "1",
+         "--deadline", "120", "--timeout", "400", "--", sys.executable, str(script),
+         str(tmp_path)],
+        capture_output=True, text=True, timeout=500,
+        env={**os.environ, **build_env(*cluster), "FPGACCL_CHECK_CALLS": "1"})
+    assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}"
+    import json
+    got = [json.loads((tmp_path / f"mm{r}.json").read_text()) for r in range(2)]
+    for case in ("op", "dtype"):
+        errors = {g[case]["error"] for g in got}
+        assert len(errors) == 1, (case, errors)   # the same error on both ranks
+        assert errors.pop().startswith("CollectiveMismatchError: digest (0, 1)"), (case, got)
+        for g in got:
+            assert g[case]["unchanged"], (case, g)
+            assert g[case]["s"] < 60, (case, g)
+    want = sum((np.arange(200) * 3 - 100 * r).astype(np.int32) for r in range(2))
+    for g in got:
+        assert g["agree"] == want.tolist()

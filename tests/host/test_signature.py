@@ -8,7 +8,14 @@ import pytest
 
 from fpgaccl.errors import CollectiveMismatchError, CountMismatchError, FpgacclError
 from fpgaccl.proto.reduce import DType, ReduceOp
-from fpgaccl.proto.signature import Kind, Signature, difference
+from fpgaccl.proto.signature import (
+    RECORD,
+    Kind,
+    Signature,
+    difference,
+    digest_only,
+    digest_record,
+)
 
 from ._world import run_world
 
@@ -116,3 +123,33 @@ def test_the_record_round_trips_and_names_the_first_difference() -> None:
     # The sender's rank is not part of what ranks agree on.
     assert Signature(3, Kind.REDUCE, 1000, DType.FLOAT32, ReduceOp.SUM, 0, 7, 0,
                      rank=5).digest == a.digest
+
+
+def _mismatch_then_agree(comm) -> tuple:
+    r = comm.rank
+    x = np.arange(100, dtype=np.int32) + r
+    y = np.zeros_like(x)
+    try:
+        comm.allreduce(x, y, op="max" if r == 1 else "sum")
+        first = "completed"
+    except CollectiveMismatchError as e:
+        first = e.field
+    return first, comm.allreduce(x, np.empty_like(x)).tolist()
+
+
+def test_a_mismatch_leaves_the_communicator_usable() -> None:
+    """Every rank fails the call before any data moves, so the queue pairs stay in step:
+    the next call that agrees runs, bit-exact."""
+    res = run_world(WORLD, _mismatch_then_agree, timeout=20,
+                    comm_kw={"deadline_s": 8, "check_calls": True}, _close=False)
+    want = sum(np.arange(100, dtype=np.int32) + r for r in range(WORLD)).tolist()
+    for r in range(WORLD):
+        status, (first, agreed) = res[r]
+        assert status == "ok" and first == "op" and agreed == want, (r, res[r])
+
+
+def test_a_digest_only_record_names_the_digest() -> None:
+    rec = digest_record(0x1234, 3)
+    assert len(rec) == RECORD.size and digest_only(rec) == (0x1234, 3)
+    full = Signature(3, Kind.REDUCE, 1000, DType.FLOAT32, ReduceOp.SUM, 0, 7, 0, rank=1)
+    assert digest_only(full.pack()) is None

@@ -149,6 +149,26 @@ def test_memory_key_and_bounds_are_checked(engine_and_peer, why, reason) -> None
     assert not qp.ring.buf.any(), "a rejected WRITE wrote memory"
 
 
+def test_a_zero_length_write_is_not_validated(engine_and_peer) -> None:
+    """IBTA: a zero-length WRITE's R_Key and VA are not validated. A GRANT whose VA is
+    a signature digest, with a key of no region, is ACKed and its digest reaches the
+    executor with the grant; bytes to that VA are still refused."""
+    eng, peer = engine_and_peer
+    qp = eng.by_peer[1]
+    digest = 0x8765_4321_0FED_CBA9
+    imm = wire.collective_imm(7, True, 3)
+    peer.sendto(_write(qp.qpn, 100, digest, qp.ring.rkey ^ 1, b"", "127.77.1.2",
+                       "127.77.1.1", imm=imm), eng.addr)
+    assert _read_ack(peer) == (AethKind.ACK, 0x1F, 100)
+    assert list(qp.grants) == [(7, 3, digest)]
+    assert eng.drops[DropReason.BAD_RKEY] == 0 and eng.drops[DropReason.OUT_OF_BOUNDS] == 0
+    peer.sendto(_write(qp.qpn, 101, digest, qp.ring.rkey, b"\xaa" * 8, "127.77.1.2",
+                       "127.77.1.1"), eng.addr)
+    kind, code, psn = _read_ack(peer)
+    assert (kind, code, psn) == (AethKind.NAK, NakCode.REMOTE_ACCESS_ERROR, 101)
+    assert eng.drops[DropReason.OUT_OF_BOUNDS] == 1
+
+
 def test_gap_is_naked_with_the_expected_psn(engine_and_peer) -> None:
     eng, peer = engine_and_peer
     qp = eng.by_peer[1]

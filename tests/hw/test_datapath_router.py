@@ -314,12 +314,16 @@ def test_a_grant_with_another_digest_is_no_grant():
         assert await receive(ctx, dut, peer=1, va=DIGEST) == []
         assert await receive(ctx, dut, peer=2, va=0x40, grant=0) == []
         assert (ctx.get(dut.mismatch_peer), ctx.get(dut.mismatch_sig)) == (3, other)
-        # Without a digest of our own, nothing is compared.
-        await start(ctx, dut, 2, 0)
+        # Without a digest of our own (send/recv, numbered apart), nothing is compared
+        # and no grant is behind: one of another program counts as ahead.
+        await start(ctx, dut, 0x900, 0)
         assert not ctx.get(dut.mismatch)
-        assert await receive(ctx, dut, peer=1, va=other, step=7, coll_id=2) == [
+        assert await receive(ctx, dut, peer=1, va=other, step=7, coll_id=0x900) == [
             ("grant", 1, 7)]
+        assert await receive(ctx, dut, peer=2, va=other, step=8, coll_id=3) == [
+            ("grant", 2, 8)]
         assert not ctx.get(dut.mismatch)
+        assert ctx.get(dut.ahead[2]) == 1 and ctx.get(dut.ahead[1]) == 0
     run(script)
 
 
