@@ -207,11 +207,11 @@ class Communicator:
     with :class:`~fpgaccl.errors.PeerDeadError` (a ``TransportError`` and a
     ``CollectiveTimeoutError``; ``peer`` names it) and leaves the communicator unusable.
 
-    ``check_calls`` (default: FPGACCL_CHECK_CALLS=1 in the environment, else off) makes
-    every rank compare each collective's signature with its peers'
-    (:mod:`fpgaccl.proto.signature`) and raise
-    :class:`~fpgaccl.errors.CollectiveMismatchError` on all of them where they disagree;
-    it is off by default while it costs extra messages per call (software backend only).
+    ``check_calls`` (default on; FPGACCL_CHECK_CALLS=0 in the environment turns it off)
+    makes every rank compare each collective's signature with its peers'
+    (:mod:`fpgaccl.proto.signature`: the digest travels in every GRANT, so it costs no
+    message) and raise :class:`~fpgaccl.errors.CollectiveMismatchError` on all of them
+    where they disagree, before a byte of the call is written.
 
     :meth:`split` makes sub-communicators (MPI_Comm_split), :meth:`abort` fails every
     pending call at once from any thread, and :meth:`flight_record` returns the last
@@ -225,7 +225,7 @@ class Communicator:
         deadline_s = default_deadline if deadline_s is None else deadline_s
         check_world(rank, world_size, deadline_s)
         if check_calls is None:
-            check_calls = os.environ.get("FPGACCL_CHECK_CALLS", "") in ("1", "true", "yes")
+            check_calls = os.environ.get("FPGACCL_CHECK_CALLS", "1") not in ("0", "false", "no")
         self._setup(rank, world_size, backend, deadline_s, bool(check_calls), "world")
         self.impl: Backend = opener(rank, world_size, **options)
         """The backend's object (:class:`fpgaccl.host.backends.Backend`)."""

@@ -67,6 +67,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
@@ -88,7 +89,6 @@ from fpgaccl.proto.reduce import (
 from fpgaccl.proto.signature import (
     RECORD,
     STEP_MISMATCH,
-    STEP_SIGNATURE,
     Signature,
     difference,
     digest_only,
@@ -315,11 +315,28 @@ class _Either:
 _PEER_OPS = frozenset({SeqOp.SEND, SeqOp.RECV, SeqOp.RECV_REDUCE, SeqOp.GRANT})
 
 
+ASK_S = 1.0
+"""How long a rank that queried a software peer about its differing digest waits for the
+answer (both records, which name the field) before it reports the two digests alone."""
+
+
 class SignatureCheck:
-    """One call's signature exchange (:mod:`fpgaccl.proto.signature`) on the engine
-    thread: this rank's record goes to each software peer of ``software`` its program
-    talks to; :meth:`check` waits for a peer's and compares; a difference goes to every
-    software peer as a notice, and a notice from any fails this rank's call alike."""
+    """One call's signature check (:mod:`fpgaccl.proto.signature`) on the engine thread.
+
+    Every GRANT carries its sender's digest, so the check costs no message: before this
+    rank sends a byte to a peer it compares the digest of that peer's GRANT with its
+    own (:meth:`settle`), and a peer's data arrives only after the peer did the same
+    with this rank's GRANT. A difference becomes an error on every rank:
+
+    * from a software peer, this rank sends that peer a query (a notice whose first
+      record is only the peer's digest, the second this rank's record) and waits; the
+      peer, which holds both records, sends every software peer the notice with both,
+      so every rank names the field that differs. Without an answer within
+      :data:`ASK_S` this rank falls back to the digests;
+    * from an HDL peer, only the digests are known: this rank fails, grants the node
+      (if it had not) so that the node sees the difference too, and tells its software
+      peers with a :func:`~fpgaccl.proto.signature.digest_record` for the node.
+    """
 
     def __init__(self, engine: Engine, mine: Signature, program: Sequence[Instr],
                  coll_id: int, software: frozenset[int],
@@ -330,24 +347,15 @@ class SignatureCheck:
         # The call's segments: a grant of one of them is this call's.
         self.coll_ids = frozenset(c & 0xFFFF for c in coll_ids) or {self.coll_id}
         self.software = software
-        self.checked: set[int] = set()
         self.granted: set[int] = set()   # peers this call has sent a GRANT
         self.regrant: Callable[[int], object] | None = None
         """Sends an HDL peer a GRANT with this rank's digest (set by the executor)."""
         self.error: CollectiveMismatchError | None = None
+        self.asked: tuple[float, CollectiveMismatchError] | None = None
+        """A software peer was queried: until when to wait, and the digests' error."""
+        self.sent: list[Completion] = []      # the notices this rank sent
         _drain_stale(engine, self.coll_id, software)
-        record = memoryview(mine.pack())
-        peers = {i.peer for i in program if i.op in _PEER_OPS}
-        talk = peers & software
-        self.theirs: dict[int, tuple[Completion, np.ndarray]] = {}
-        for p in sorted(talk):
-            buf = np.zeros(RECORD.size, np.uint8)
-            self.theirs[p] = (engine.recv(p, self.coll_id, STEP_SIGNATURE, buf, None,
-                                          "signature"), buf)
-            engine.send(p, self.coll_id, STEP_SIGNATURE, record)
-        # HDL peers send no record: only their digest, in their GRANTs' VA.
-        self.hdl = frozenset(peers - software)
-        self.checked.update(self.hdl)
+        self.peers = frozenset(i.peer for i in program if i.op in _PEER_OPS)
         self.notices: dict[int, tuple[Completion, np.ndarray]] = {}
         for p in sorted(software):
             buf = np.zeros(2 * RECORD.size, np.uint8)
@@ -355,86 +363,84 @@ class SignatureCheck:
                                            "signature"), buf)
 
     def notice(self) -> CollectiveMismatchError | None:
-        if self.error is None:
-            for comp, buf in self.notices.values():
-                if comp.done:
-                    b = Signature.unpack(buf[RECORD.size:])
-                    if (a := digest_only(buf[:RECORD.size])) is not None:
-                        self.error = digest_mismatch_error(a[1], a[0], b.rank, b.digest)
-                    else:
-                        self.error = mismatch_error(Signature.unpack(buf[:RECORD.size]), b)
-                    break
-        if self.error is None:
-            self._hdl_grants()
+        """The call's mismatch, once known (a notice came, or a GRANT differs)."""
+        if self.error is not None:
+            return self.error
+        for comp, buf in self.notices.values():
+            if comp.done:
+                self._take_notice(buf)
+                return self.error
+        if self.asked is None:
+            self._grants()
+        elif time.monotonic() > self.asked[0]:
+            self.error = self.asked[1]   # the peer never answered: digests only
+            self._tell(self._digest_note(self.error))
         return self.error
 
-    def _hdl_grants(self) -> None:
-        """Compare the digest in each GRANT of this call from an HDL peer (its VA) with
-        this rank's: checked before anything is sent to that peer, and while this rank
-        waits (a node that differs stops, after it has granted us once so that we see
-        it). On a difference the node gets this rank's digest too, in a GRANT, unless
-        this call granted it already, and the software peers get the notice."""
+    def _take_notice(self, buf: np.ndarray) -> None:
+        theirs = Signature.unpack(buf[RECORD.size:])
+        about = digest_only(buf[:RECORD.size])
+        if about is None:
+            self.error = mismatch_error(Signature.unpack(buf[:RECORD.size]), theirs)
+        elif about[1] == self.mine.rank:
+            # A query about this rank's digest: with the asker's record and this rank's,
+            # every rank can name the field.
+            self.error = mismatch_error(self.mine, theirs)
+            self._tell(memoryview(self.mine.pack() + theirs.pack()))
+        else:
+            self.error = digest_mismatch_error(about[1], about[0], theirs.rank, theirs.digest)
+
+    def _grants(self) -> None:
         mine = self.mine.digest
-        for p in self.hdl:
+        for p in self.peers:
             qp = self.engine.by_peer.get(p)
             if qp is None:
                 continue
             for coll, _step, digest in qp.grants:
-                if coll in self.coll_ids and digest and digest != mine:
-                    self.error = digest_mismatch_error(p, digest, self.mine.rank, mine)
-                    note = memoryview(digest_record(digest, p) + self.mine.pack())
-                    for sp in sorted(self.software):
-                        self.engine.send(sp, self.coll_id, STEP_MISMATCH, note)
-                    if p not in self.granted and self.regrant is not None:
-                        self.regrant(p)
+                if coll not in self.coll_ids or not digest or digest == mine:
+                    continue
+                error = digest_mismatch_error(p, digest, self.mine.rank, mine)
+                note = memoryview(digest_record(digest, p) + self.mine.pack())
+                if p in self.software:
+                    self.engine.send(p, self.coll_id, STEP_MISMATCH, note)
+                    self.asked = (time.monotonic() + ASK_S, error)
                     return
+                self.error = error
+                self._tell(note)
+                if p not in self.granted and self.regrant is not None:
+                    self.regrant(p)
+                return
 
-    def raise_notice(self) -> None:
-        if self.notice() is not None:
-            raise self.error
+    @staticmethod
+    def _digest_note(error: CollectiveMismatchError) -> memoryview:
+        (ra, rb), (da, db) = error.ranks, error.values
+        return memoryview(digest_record(int(da, 16), ra) + digest_record(int(db, 16), rb))
+
+    def _tell(self, note: memoryview) -> None:
+        self.sent += [self.engine.send(p, self.coll_id, STEP_MISMATCH, note)
+                      for p in sorted(self.software)]
 
     def waiting(self, queue: deque | None) -> _Either:
         return _Either(queue, self)
 
-    def check(self, peer: int) -> Generator[Any, None, None]:
-        """Wait for ``peer``'s record and compare it with this rank's."""
-        comp, buf = self.theirs[peer]
-        while not comp.done and self.notice() is None:
-            yield _SigWait(comp, self)
-        self.raise_notice()
-        theirs = Signature.unpack(buf)
-        self.checked.add(peer)
-        if theirs.digest != self.mine.digest:
-            self.error = mismatch_error(theirs, self.mine)
-            note = memoryview(buf.tobytes() + self.mine.pack())
-            sent = [self.engine.send(p, self.coll_id, STEP_MISMATCH, note)
-                    for p in sorted(self.software)]
-            # Leave only once every rank has the notice: a rank that exits at once would
-            # leave the others to time out instead of raising this error.
+    def settle(self) -> Generator[Any, None, None]:
+        """Before a byte goes to a peer: raise the call's mismatch, waiting for a queried
+        peer's answer first."""
+        while self.notice() is None and self.asked is not None:
+            yield _Either(None, self)
+        if self.error is not None:
+            # Leave only once the notices are out: a rank whose process ends at once
+            # would leave the others to time out instead of raising this error.
             with contextlib.suppress(Exception):
-                yield sent
+                yield self.sent
             raise self.error
 
     def close(self) -> None:
         """Withdraw the receives nothing answered (a notice, usually)."""
         posted = self.engine.matcher.posted
-        for group in (self.theirs, self.notices):
-            for p, (comp, _) in group.items():
-                if not comp.done:
-                    posted[p][:] = [op for op in posted[p] if op.completion is not comp]
-
-
-class _SigWait:
-    __slots__ = ("check", "comp")
-    error = None
-
-    def __init__(self, comp: Completion, check: SignatureCheck) -> None:
-        self.comp = comp
-        self.check = check
-
-    @property
-    def done(self) -> bool:
-        return self.comp.done or self.check.notice() is not None
+        for p, (comp, _) in self.notices.items():
+            if not comp.done:
+                posted[p][:] = [op for op in posted[p] if op.completion is not comp]
 
 
 def mismatch_error(a: Signature, b: Signature) -> CollectiveMismatchError:
@@ -455,8 +461,8 @@ def digest_mismatch_error(rank_a: int, digest_a: int, rank_b: int,
 
 
 def _drain_stale(engine: Engine, coll_id: int, software: frozenset[int]) -> None:
-    """Give back the ring slots of records and notices of calls before ``coll_id`` that
-    no receive took (a peer set that differed, a notice after the call ended)."""
+    """Give back the ring slots of notices of calls before ``coll_id`` that no receive
+    took (a peer set that differed, a notice after the call ended)."""
     for p in software:
         qp = engine.by_peer.get(p)
         if qp is None or not qp.arrived:
@@ -464,7 +470,7 @@ def _drain_stale(engine: Engine, coll_id: int, software: frozenset[int]) -> None
         keep = []
         for a in qp.arrived:
             step = a.step & ~wire.STEP_FINAL
-            if step in (STEP_SIGNATURE, STEP_MISMATCH) and \
+            if step == STEP_MISMATCH and \
                     0 < (coll_id - a.coll_id) & 0xFFFF < 0x8000:
                 qp.give_back(a.slot)
             else:
@@ -589,10 +595,6 @@ def _execute(engine: Engine, region: CollectiveRegion, remotes: dict[int, Remote
             raise ProgramError(f"rank {rank} pc {pc}: no queue pair to rank {ins.peer}")
         remote = remotes[ins.peer]
         xoff = ins.xchunk * cs
-        if sig is not None and ins.peer not in sig.checked and (
-                o is not SeqOp.GRANT or outbuf is not None):
-            # A bound OUT is the caller's buffer: a granted peer may write it at once.
-            yield from sig.check(ins.peer)
         if o is SeqOp.GRANT:
             # The VA is not validated (zero length): it carries the digest, 0 for none.
             qp.post_direct(Message(_EMPTY, post_grant(coll_id, True, ins.step), None,
@@ -604,10 +606,8 @@ def _execute(engine: Engine, region: CollectiveRegion, remotes: dict[int, Remote
             q = qp.grants
             if not q:
                 yield _Head(q) if sig is None else sig.waiting(q)
-                if sig is not None:
-                    sig.raise_notice()
             if sig is not None:
-                sig.raise_notice()   # the grant's digest, before a byte goes
+                yield from sig.settle()   # the grant's digest, before a byte goes
             _take(q, coll_id, ins, rank, "grant")
             nbytes = (last - first) * isz
             if (xoff * isz + nbytes > remote.stage_bytes):
@@ -647,7 +647,7 @@ def _execute(engine: Engine, region: CollectiveRegion, remotes: dict[int, Remote
                 try:
                     yield _Head(q) if sig is None else sig.waiting(q)
                     if sig is not None:
-                        sig.raise_notice()
+                        yield from sig.settle()
                 finally:
                     if fold is not None:
                         qp.disarm_fold()

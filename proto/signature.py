@@ -20,15 +20,14 @@ Record on the wire (:data:`RECORD`, 32 bytes, big-endian)::
     byte  30      kind      u8   :class:`Kind`
     byte  31      dtype<<4 | op  u8   :class:`DType` (4 bits), :class:`ReduceOp` (4 bits, 15: none)
 
-Where it travels (software engine): at the start of a call every rank sends its record
-to each *software* peer its program talks to, as a ring message ``RING_IMM(coll_id,
-final=1, step=STEP_SIGNATURE)`` (``coll_id`` is the call's first segment's). A rank
-checks a peer's record before it sends to that peer, before it takes (reduces or copies)
-a message from it, and -- where peers' WRITEs land straight in the caller's buffer --
-before it grants. A rank that finds a difference sends ``STEP_MISMATCH`` with both
-records (64 bytes: the peer's, then its own) to *every* software peer of the world and
-fails; a rank that receives one fails its call with the same error. HDL peers send
-no record: only their digest, as follows.
+Where it travels: only its digest, in every GRANT (below), so checking costs no
+message. The whole record travels only once ranks differ, in a mismatch notice: a ring
+message ``RING_IMM(coll_id, final=1, step=STEP_MISMATCH)`` of two records (64 bytes,
+``coll_id`` the call's first segment's). A software rank whose peer's GRANT differs
+sends that peer a query: a notice whose first record is a :func:`digest_record` of the
+peer's digest, the second its own record. The peer, which has both records, answers
+every software peer with both (its own first), so every rank names the field that
+differs; a rank that receives a notice fails its call with that error.
 
 Where the digest travels (every rank, software and HDL): in every GRANT. A GRANT is a
 zero-length RDMA WRITE, whose R_Key and RETH VA (64 bits) a responder does not validate
@@ -66,8 +65,6 @@ RECORD = struct.Struct(">QQIIHHHBB")
 assert RECORD.size == 32
 NONE_ROOT = 0xFFFF
 NONE_OP = 0xF
-STEP_SIGNATURE = 0x7FFD
-"""RING_IMM step of a signature record (the highest a schedule may not use otherwise)."""
 STEP_MISMATCH = 0x7FFC
 """RING_IMM step of a mismatch notice: the offending record, then the detector's."""
 
@@ -181,6 +178,6 @@ def digest_only(data: bytes | memoryview) -> tuple[int, int] | None:
     return (digest, rank) if kind == 0 else None
 
 
-__all__ = ["FIELDS", "NONE_OP", "NONE_ROOT", "RECORD", "STEP_MISMATCH", "STEP_SIGNATURE",
+__all__ = ["FIELDS", "NONE_OP", "NONE_ROOT", "RECORD", "STEP_MISMATCH",
            "Kind", "Signature", "difference", "digest_only", "digest_record", "program_digest",
            "tag_value", "with_rank"]

@@ -312,10 +312,11 @@ def _uneven(comm, counts: list[int], dtypes: list[str], algo: str | None) -> str
 ])
 def test_ranks_that_disagree_on_the_count_get_an_error_not_a_result(counts, dtypes,
                                                                     algo) -> None:
-    # The message a peer sends is not the span this rank reduces: the receiving rank
-    # raises CountMismatchError naming the cause; none returns a result.
+    # Unchecked calls: the message a peer sends is not the span this rank reduces, so
+    # the receiving rank raises CountMismatchError naming the cause; none returns a
+    # result. (Checked calls fail before a byte moves: tests/host/test_signature.py.)
     res = run_world(2, _uneven, counts=counts, dtypes=dtypes, algo=algo, timeout=60,
-                    comm_kw={"deadline_s": 5}, _close=False)
+                    comm_kw={"deadline_s": 5, "check_calls": False}, _close=False)
     got = [v for s, v in res.values() if s == "ok"]
     assert len(got) == 2, res
     assert all(g != "no error" for g in got), got
