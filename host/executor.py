@@ -74,7 +74,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from fpgaccl.errors import CollectiveMismatchError, CountMismatchError, TransportError
-from fpgaccl.proto.isa import Buf, Instr, SeqOp, chunk_size
+from fpgaccl.proto.isa import PEER_OPS, Buf, Instr, SeqOp, chunk_size
 from fpgaccl.proto.reduce import (
     BITWISE_OPS,
     DType,
@@ -309,9 +309,6 @@ class _Either:
         return bool(self.queue) or self.check.notice() is not None
 
 
-_PEER_OPS = frozenset({SeqOp.SEND, SeqOp.RECV, SeqOp.RECV_REDUCE, SeqOp.GRANT})
-
-
 class SignatureCheck:
     """One call's signature exchange (:mod:`fpgaccl.proto.signature`) on the engine
     thread: this rank's record goes to each software peer of ``software`` its program
@@ -328,7 +325,7 @@ class SignatureCheck:
         self.error: CollectiveMismatchError | None = None
         _drain_stale(engine, self.coll_id, software)
         record = memoryview(mine.pack())
-        peers = {i.peer for i in program if i.op in _PEER_OPS}
+        peers = {i.peer for i in program if i.op in PEER_OPS}
         talk = peers & software
         self.theirs: dict[int, tuple[Completion, np.ndarray]] = {}
         for p in sorted(talk):
