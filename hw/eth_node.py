@@ -35,7 +35,7 @@ from .eth.symbols import RxDrop
 from .node import Node
 from .stream.beat import beat_stream
 
-COUNTERS = ("not_for_us", "control_key", "control_malformed")
+COUNTERS = ("not_for_us", "control_key", "control_malformed", "service_busy")
 """The drop registers this top answers (EthServices' outputs of the same names)."""
 
 MAC_COUNTERS = {RxDrop.BAD_FCS: "bad_fcs", RxDrop.RUNT: "runt", RxDrop.PHY_ERROR: "phy_error",

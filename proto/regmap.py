@@ -18,7 +18,7 @@ from .reduce import DTYPE_BITS, OP_BITS, DType, ReduceOp
 
 REG_BYTES = 4
 ENGINE_ID = 0x4643_434C  # "FCCL"
-REGMAP_VERSION = 3
+REGMAP_VERSION = 4
 """2: ctrl.features, ctrl.config, status.cause/datapath. 3: the build's MTU is
 ``ctrl.config.mtu_log2``; ``ctrl.control.mtu_log2``, which no logic read, is gone;
 ``ctrl.reduce`` packs dtype and op in the widths the reduction unit decodes."""

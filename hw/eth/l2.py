@@ -178,7 +178,8 @@ class EthServices(wiring.Component):
     the MAC). ``lookup_ip`` -> ``lookup_hit``/``lookup_mac`` reads the learnt ARP table.
     The control endpoint (:class:`~fpgaccl.hw.eth.control.ControlEndpoint`, built with
     ``control``'s keyword arguments) masters ``csr`` and the memory port
-    (``rd_req``/``rd_resp``/``wr``) and counts ``control_key``/``control_malformed``."""
+    (``rd_req``/``rd_resp``/``wr``) and counts ``control_key``/``control_malformed``;
+    ``service_busy`` counts the frames any responder ignored while it answered one."""
 
     def __init__(self, width: int, *, max_frame: int = MAX_FRAME, arp_entries: int = 4,
                  control: dict | None = None):
@@ -199,7 +200,7 @@ class EthServices(wiring.Component):
             "csr": Out(CSRBusSignature(16)),
             **memory_ports(width, 1, 1),
             "not_for_us": Out(DROP_COUNTER_BITS),
-            "busy": Out(DROP_COUNTER_BITS),
+            "service_busy": Out(DROP_COUNTER_BITS),
             "control_key": Out(DROP_COUNTER_BITS),
             "control_malformed": Out(DROP_COUNTER_BITS),
         })
@@ -233,7 +234,7 @@ class EthServices(wiring.Component):
             arp.lookup_ip.eq(self.lookup_ip),
             self.lookup_hit.eq(arp.lookup_hit), self.lookup_mac.eq(arp.lookup_mac),
             self.not_for_us.eq(demux.not_for_us),
-            self.busy.eq(arp.busy + icmp.busy + cp.busy),
+            self.service_busy.eq(arp.busy + icmp.busy + cp.busy),
             self.control_key.eq(cp.key_drops), self.control_malformed.eq(cp.malformed),
         ]
         return m

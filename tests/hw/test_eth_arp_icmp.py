@@ -111,7 +111,7 @@ def test_arp_icmp_and_roce_through_the_services(width):
             ctx.set(dut.lookup_ip, ip_int(ip))
             await ctx.delay(1e-9)
             lookups[ip] = (ctx.get(dut.lookup_hit), ctx.get(dut.lookup_mac))
-        lookups["counts"] = (ctx.get(dut.not_for_us), ctx.get(dut.busy))
+        lookups["counts"] = (ctx.get(dut.not_for_us), ctx.get(dut.service_busy))
 
     sim = Simulator(dut)
     sim.add_clock(1e-8)

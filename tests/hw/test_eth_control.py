@@ -80,7 +80,7 @@ class Bench:
                 assert len(self.tx) == want, f"no reply to {frame.hex()}"
             self.counts = {"key": ctx.get(dut.control_key),
                            "malformed": ctx.get(dut.control_malformed),
-                           "busy": ctx.get(dut.busy)}
+                           "busy": ctx.get(dut.service_busy)}
 
         async def tx_sink(ctx):
             await collect_frames(ctx, dut.tx, w, self.tx, 1 << 30, random.Random(2))
