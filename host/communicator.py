@@ -888,11 +888,15 @@ class Communicator:
         Each sub-communicator has an engine of its own (software backend: its own UDP
         port on this rank's address, queue pairs, memory keys, PSNs and call sequence),
         so its traffic never meets this one's or a sibling's, and calls on different
-        communicators may be issued in any order. The ranks agree on the split with an
-        allgather of (color, key) here, and exchange the new engines' connection records
-        with two more allgathers here instead of a TCP rendezvous. The sim and board
-        backends cannot open engines of their own (an HDL node has one queue pair per
-        peer of its world): every rank then raises UnsupportedError.
+        communicators may be issued in any order. On the sim backend it is a connection
+        of its own to the same simulated node, with its own call sequence: the server
+        starts each of its collectives once every member has made it and their nodes
+        are free (a node runs one program at a time, over its queue pairs to the nodes
+        of the world). The ranks agree on the split with an allgather of (color, key)
+        here, and exchange the new engines' connection records with two more allgathers
+        here instead of a TCP rendezvous. The board backend, and the simulated ranks of
+        a world that mixes backends, cannot open one: every rank then raises
+        UnsupportedError.
         """
         self._check_open()
         p = self.world_size
@@ -906,9 +910,9 @@ class Communicator:
         cannot = [r for r in range(p) if not t[r, 2]]
         if cannot:
             raise UnsupportedError("color", f"split: rank(s) {cannot} run a backend without "
-                                   f"sub-communicators (this rank: {self.backend}); the sim "
-                                   "and board engines have one queue pair per peer of their "
-                                   "world and cannot open engines of their own")
+                                   f"sub-communicators (this rank: {self.backend}); a board, "
+                                   "or a simulated node in a world that mixes backends, has "
+                                   "one queue pair per peer of its world")
         n = next(self._splits)
         if c < 0:
             self._allgather_bytes(b"")  # the members' rendezvous, which every rank joins
@@ -991,12 +995,11 @@ class Communicator:
         split from it (recursively). Peers are not told: their calls fail on their own
         deadline or peer timeout (or abort there too). A new communicator can be built
         in this process afterwards (a new rendezvous). UnsupportedError on a backend that
-        cannot stop a call in flight (sim, board: their calls run on the caller's
-        thread)."""
+        cannot stop a call in flight."""
         abort = getattr(self.impl, "abort", None)
         if abort is None:
-            raise UnsupportedError("backend", f"the {self.backend} backend runs each call on "
-                                   "the caller's thread: there is nothing pending to abort")
+            raise UnsupportedError("backend", f"the {self.backend} backend cannot stop a call "
+                                   "in flight")
         with self._lock:
             if self._aborted:
                 return

@@ -76,7 +76,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from fpgaccl.errors import CollectiveMismatchError, CountMismatchError, TransportError
-from fpgaccl.proto.isa import Buf, Instr, SeqOp, chunk_size
+from fpgaccl.proto.isa import PEER_OPS, Buf, Instr, SeqOp, chunk_size
 from fpgaccl.proto.reduce import (
     BITWISE_OPS,
     DType,
@@ -312,9 +312,6 @@ class _Either:
         return bool(self.queue) or self.check.notice() is not None
 
 
-_PEER_OPS = frozenset({SeqOp.SEND, SeqOp.RECV, SeqOp.RECV_REDUCE, SeqOp.GRANT})
-
-
 ASK_S = 1.0
 """How long a rank that queried a software peer about its differing digest waits for the
 answer (both records, which name the field) before it reports the two digests alone."""
@@ -355,7 +352,7 @@ class SignatureCheck:
         """A software peer was queried: until when to wait, and the digests' error."""
         self.sent: list[Completion] = []      # the notices this rank sent
         _drain_stale(engine, self.coll_id, software)
-        self.peers = frozenset(i.peer for i in program if i.op in _PEER_OPS)
+        self.peers = frozenset(i.peer for i in program if i.op in PEER_OPS)
         self.notices: dict[int, tuple[Completion, np.ndarray]] = {}
         for p in sorted(software):
             buf = np.zeros(2 * RECORD.size, np.uint8)

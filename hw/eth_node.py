@@ -35,7 +35,7 @@ from .eth.symbols import RxDrop
 from .node import Node
 from .stream.beat import beat_stream
 
-COUNTERS = ("not_for_us", "control_key", "control_malformed")
+COUNTERS = ("not_for_us", "control_key", "control_malformed", "service_busy")
 """The drop registers this top answers (EthServices' outputs of the same names)."""
 
 MAC_COUNTERS = {RxDrop.BAD_FCS: "bad_fcs", RxDrop.RUNT: "runt", RxDrop.PHY_ERROR: "phy_error",
@@ -59,7 +59,7 @@ class EthNode(wiring.Component):
         self.width, self.key, self.mem_log2 = width, key, mem_log2
         self.info = dict(info or {})
         self.mac_counters = mac_counters
-        self.node = Node(width, **node)
+        self.node = Node(width, arp=True, **node)
         extra = ({"mac_frames": In(data.ArrayLayout(DROP_COUNTER_BITS, len(RxDrop)))}
                  if mac_counters else {})
         super().__init__({
@@ -85,7 +85,11 @@ class EthNode(wiring.Component):
         wiring.connect(m, svc.roce_rx, node.rx)
         wiring.connect(m, node.tx, svc.roce_tx)
         m.d.comb += [self.done.eq(node.done), self.busy.eq(node.busy),
-                     svc.lookup_ip.eq(0)]
+                     svc.lookup_ip.eq(node.arp_lookup_ip),
+                     node.arp_lookup_hit.eq(svc.lookup_hit),
+                     node.arp_lookup_mac.eq(svc.lookup_mac),
+                     svc.ask.eq(node.arp_ask), svc.ask_ip.eq(node.arp_ask_ip),
+                     node.arp_ask_taken.eq(svc.ask_taken)]
 
         self._csr(m, node, svc)
 

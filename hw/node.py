@@ -39,6 +39,7 @@ from fpgaccl.hw.csr.bus import CSRBusSignature
 from fpgaccl.hw.datapath.engines import CopyEngine, ReduceEngine
 from fpgaccl.hw.datapath.memport import ReadMux, WriteMux, channel_names, memory_ports
 from fpgaccl.hw.datapath.router import N_BUFS, Router
+from fpgaccl.hw.eth.resolver import PeerResolver
 from fpgaccl.hw.net.builder import RoceBuilder
 from fpgaccl.hw.net.parser import RoceParser
 from fpgaccl.hw.sequencer.engine import Sequencer
@@ -66,7 +67,7 @@ class Node(wiring.Component):
     def __init__(self, width: int = 64, *, qps: int = 8, regions: int = 8,
                  imem_words: int = 512, mtu: int = 4096, seg_bytes: int = 4096,
                  timeout: int = 1 << 14, dtypes=None, ops=None, dma: bool = False,
-                 split_memory: bool = False) -> None:
+                 split_memory: bool = False, arp: bool = False) -> None:
         if qps < 2:
             # The bank gives a block with one copy a plain struct, not an array, and the
             # node indexes the QP contexts by the transmitting QP's number. (One region
@@ -79,6 +80,7 @@ class Node(wiring.Component):
         self.ops = tuple(ReduceOp) if ops is None else tuple(ops)
         self.dma = dma
         self.split_memory = split_memory
+        self.arp = arp
         self.regmap = default_map(qps=qps, regions=regions, imem_words=imem_words, dma=False)
         nr, nw = (len(READ_CHANNELS), len(WRITE_CHANNELS)) if split_memory else (1, 1)
         memory = memory_ports(width, nr, nw)
@@ -89,6 +91,11 @@ class Node(wiring.Component):
             **memory,
             "done": Out(1),       # a collective program reached DONE (interrupt)
             "busy": Out(1),
+            # With ``arp``: a QP whose peer MAC register is zero sends to the MAC the
+            # network boundary's ARP table holds for its peer (PeerResolver).
+            **({"arp_lookup_ip": Out(32), "arp_lookup_hit": In(1), "arp_lookup_mac": In(48),
+                "arp_ask": Out(1), "arp_ask_ip": Out(32), "arp_ask_taken": In(1)}
+               if arp else {}),
         })
 
     def elaborate(self, platform) -> Module:
@@ -133,8 +140,20 @@ class Node(wiring.Component):
         for f in ("bth", "reth", "aeth", "immdt", "has_reth", "has_aeth", "has_immdt",
                   "payload_len"):
             m.d.comb += getattr(out, f).eq(getattr(th, f))
+        if self.arp:
+            m.submodules.resolver = res = PeerResolver(self.qps)
+            for i, q in enumerate(bank.qp_ctl):
+                m.d.comb += [res.peer_ip[i].eq(q.peer_ip.value),
+                             res.static_mac[i].eq(Cat(q.peer_mac_lo.value, q.peer_mac_hi.mac_hi))]
+            m.d.comb += [self.arp_lookup_ip.eq(res.lookup_ip),
+                         res.lookup_hit.eq(self.arp_lookup_hit),
+                         res.lookup_mac.eq(self.arp_lookup_mac),
+                         self.arp_ask.eq(res.ask), self.arp_ask_ip.eq(res.ask_ip),
+                         res.ask_taken.eq(self.arp_ask_taken),
+                         out.eth.dst.eq(res.dst[th.qp])]
+        else:
+            m.d.comb += out.eth.dst.eq(Cat(qp.peer_mac_lo.value, qp.peer_mac_hi.mac_hi))
         m.d.comb += [
-            out.eth.dst.eq(Cat(qp.peer_mac_lo.value, qp.peer_mac_hi.mac_hi)),
             out.eth.src.eq(Cat(port.mac_lo.value, port.mac_hi.mac_hi)),
             out.eth.type.eq(ETHERTYPE_IPV4),
             *(getattr(out.ip, f).eq(IPV4[f].default) for f in ("version", "ihl", "flags", "ttl")),

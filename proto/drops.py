@@ -41,11 +41,15 @@ class DropReason(IntEnum):
     # Hostile or stale traffic the ICRC cannot tell from good (anyone can compute one).
     WRONG_SOURCE = 27    # a valid packet for a QP from an address/port not its peer's
     ACK_PSN_INVALID = 28  # an ACK/NAK naming a PSN that is not outstanding
+    # The network boundary's responders (hw/eth): each answers one frame at a time.
+    SERVICE_BUSY = 29    # an ARP, ICMP echo or control frame that came while its
+                         # responder was still answering the last (the sender retries)
 
 
 ETH_DROPS = frozenset({DropReason.BAD_FCS, DropReason.RUNT, DropReason.PHY_ERROR,
                        DropReason.RX_OVERFLOW, DropReason.NOT_FOR_US,
-                       DropReason.CONTROL_KEY, DropReason.CONTROL_MALFORMED})
+                       DropReason.CONTROL_KEY, DropReason.CONTROL_MALFORMED,
+                       DropReason.SERVICE_BUSY})
 """Reasons only the network boundary (``hw/eth``: MAC, demux, control port) gives; a node
 without it reads them as zero."""
 

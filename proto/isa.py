@@ -117,7 +117,8 @@ MAX_STEP = (1 << COLLECTIVE_IMM["step"].bits) - 1
 """The largest message tag a SEND/RECV/GRANT may carry: the ISA's 16-bit ``step`` goes
 on the wire in COLLECTIVE_IMM's 15-bit field."""
 
-_PEER_OPS = frozenset({SeqOp.SEND, SeqOp.RECV, SeqOp.RECV_REDUCE, SeqOp.GRANT})
+PEER_OPS = frozenset({SeqOp.SEND, SeqOp.RECV, SeqOp.RECV_REDUCE, SeqOp.GRANT})
+"""The operations whose ``peer`` names another rank."""
 
 
 def checked_program(program: object, rank: int, world_size: int) -> list[Instr]:
@@ -150,7 +151,7 @@ def checked_program(program: object, rank: int, world_size: int) -> list[Instr]:
                 raise ValueError(f"{where}: SETUP of zero chunks")
             nchunks = ins.step
             continue
-        if o in _PEER_OPS:
+        if o in PEER_OPS:
             if ins.peer >= world_size or ins.peer == rank:
                 raise ValueError(f"{where}: peer {ins.peer} is not another rank of "
                                  f"0..{world_size - 1} (this is rank {rank})")

@@ -21,12 +21,15 @@ the world cuts the same ones: the smallest region advertised at rendezvous).
 
 The rank joins the software ranks' rendezvous as a simulated rank of a mixed run does,
 advertising its node (IP, port 4791, QPN ``0x100 + peer``, PSNs, memory key and
-buffers) and learning the peers' MAC addresses from the kernel (ARP: the node's
-``qp.peer_mac`` registers are static).
+buffers). The node finds its peers' MAC addresses itself, by ARP
+(:mod:`fpgaccl.hw.eth.resolver`: its ``qp.peer_mac`` registers are left zero); with
+``FPGACCL_BOARD_STATIC_MACS=1`` the rank writes there the MACs this host's kernel
+resolves instead (an override, for peers that answer no ARP).
 """
 
 from __future__ import annotations
 
+import os
 import socket
 import time
 from typing import Any
@@ -47,6 +50,7 @@ from ..neighbors import resolve_mac
 from ..rendezvous import exchange, master
 from .registers import node_mismatch
 
+STATIC_MACS_ENV = "FPGACCL_BOARD_STATIC_MACS"
 PAD_BYTES = 4096
 """Room each buffer keeps for the programs' chunk padding (as the DMA board's)."""
 POLL_S = (0.001, 0.05)
@@ -114,8 +118,10 @@ class NetworkNodePort:
             raise BackendUnavailableError(f"the world's nodes were built for different MTUs "
                                           f"({sorted(mtus)}): every engine must carry the "
                                           "same packets")
-        peers = [Peer(self.mac if p == rank else resolve_mac(t["ip"]), _ip_int(t["ip"]),
-                      int(t["coll"]["key"]), [int(b) for b in t["coll"]["buffers"]])
+        static = os.environ.get(STATIC_MACS_ENV, "") not in ("", "0")
+        peers = [Peer(self.mac if p == rank else resolve_mac(t["ip"]) if static else 0,
+                      _ip_int(t["ip"]), int(t["coll"]["key"]),
+                      [int(b) for b in t["coll"]["buffers"]])
                  for p, t in enumerate(table)]
         dev.csr_write(connect_writes(
             self.rmap, rank, peers, psn=lambda a, b: int(table[a]["qps"][str(b)]["psn"]),

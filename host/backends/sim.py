@@ -20,7 +20,13 @@ instruction-memory words, and only calls with a library program: host schedules 
 completes once its receiver's program runs). IN and OUT travel
 through the memory backdoor one 64-bit word per clock, driven from Python (roughly
 10-30k words per wall second): keep simulated collectives to a few thousand elements
-per call. Async calls complete before they return.
+per call. Calls run in order on the communicator's own thread (:mod:`.registers`).
+
+Sub-communicators (``comm.split``): each member opens another connection to the server
+and sends ``join`` as its node in the new communicator (``nodes``: the node of each of its
+ranks, ``comm``: a name the members agreed on); its programs name peers by node, and the
+server starts its collectives once every member has made them and their nodes are free.
+A mixed world's simulated ranks cannot split.
 
 Mixed runs (``fpgaccl run -n 4 --sim-ranks 2,3``): the ranks listed drive simulated
 nodes, the others run the software backend, and all of them make one world. A simulated
@@ -37,8 +43,9 @@ UnsupportedError on the simulated ranks.
 
 Requests (frames of :mod:`fpgaccl.proto.framing`): ``hello {node, world}``,
 ``collective {seq, coll_id, name, count, dtype, writes, out_bytes}`` + IN bytes,
-``barrier {seq}``, ``stats``, ``shutdown``, and for mixed runs ``hello {node, world,
-sim_ranks, ip}`` and ``connect {table}``; replies carry ``ok`` or ``error``/``detail``.
+``barrier {seq}``, ``join {node, nodes, comm}``, ``stats``, ``shutdown``, and for mixed
+runs ``hello {node, world, sim_ranks, ip}`` and ``connect {table}``; replies carry ``ok``
+or ``error``/``detail``.
 """
 
 from __future__ import annotations
@@ -90,9 +97,6 @@ class ClusterPort:
                 f"backend 'sim' needs a simulation server: start the ranks with "
                 f"`fpgaccl run -n N --backend sim -- ...` or set {SOCKET_ENV}")
         self.rank, self.world_size, self.sim_ranks = rank, world_size, sim_ranks
-        self._broken = False
-        self._lock = threading.Lock()
-        self._seq = 0
         hello: dict[str, Any] = {"op": "hello", "node": rank, "world": world_size}
         if sim_ranks is not None:
             host, port = master(master_addr, master_port)
@@ -100,7 +104,7 @@ class ClusterPort:
                 raise UnsupportedError("sim_ranks", "mixed runs bridge simulated nodes "
                                        "to software ranks on this host only (loopback)")
             hello.update(sim_ranks=sim_ranks, ip=bind_ip(rank, host, port))
-        self._sock = connect_unix(path, timeout_s, "simulation server")
+        self._connect(path, timeout_s)
         try:
             head, _ = self._call(hello, b"", "init", timeout_s)
             if sim_ranks is not None:
@@ -108,6 +112,37 @@ class ClusterPort:
         except BaseException:
             self._sock.close()
             raise
+        self._configure(head, stage_bytes)
+
+    @property
+    def can_split(self) -> bool:
+        # A mixed world's software ranks would need engines of the nodes' own.
+        return self.sim_ranks is None
+
+    def open_sub(self, node: int, nodes: list[int], comm: str) -> ClusterPort:
+        """Node ``node`` again, as a member of the sub-communicator ``comm`` whose ranks
+        are ``nodes``: a connection of its own, whose calls the server starts once every
+        member has made them and their nodes are free."""
+        sub = ClusterPort.__new__(ClusterPort)
+        sub.rank, sub.world_size, sub.sim_ranks = node, len(nodes), None
+        sub._connect(self._path, self._timeout_s)
+        try:
+            head, _ = sub._call({"op": "join", "node": node, "nodes": nodes, "comm": comm},
+                                b"", "split", self._timeout_s)
+        except BaseException:
+            sub._sock.close()
+            raise
+        sub._configure(head, self.stage_bytes)
+        return sub
+
+    def _connect(self, path: str, timeout_s: float) -> None:
+        self._path, self._timeout_s = path, timeout_s
+        self._broken = False
+        self._lock = threading.Lock()
+        self._seq = 0
+        self._sock = connect_unix(path, timeout_s, "simulation server")
+
+    def _configure(self, head: dict, stage_bytes: int) -> None:
         self.nodes = head["nodes"]
         self.clock_mhz = 1000 / head.get("clock_ns", 4)
         stage_bytes = min(int(stage_bytes), int(head["stage_bytes"]))

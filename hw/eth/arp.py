@@ -1,4 +1,5 @@
-"""ARP: answer who-has for our address, learn the sender of what is addressed to us."""
+"""ARP: answer who-has for our address, learn the sender of what is addressed to us, and
+ask who has a peer's address."""
 
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ class ArpTable(wiring.Component):
         hits = Cat(*(valid[k] & (ips[k] == self.ip) for k in range(n)))
         same = Cat(*(valid[k] & (ips[k] == self.learn_ip) for k in range(n)))
         m.d.comb += [self.hit.eq(hits.any()),
-                     self.mac.eq(_or(macs, hits))]
+                     self.mac.eq(one_hot_select(macs, hits))]
         with m.If(self.learn):
             for k in range(n):
                 with m.If(Mux(same.any(), same[k], oldest == k)):
@@ -51,7 +52,8 @@ class ArpTable(wiring.Component):
         return m
 
 
-def _or(values, select):
+def one_hot_select(values, select):
+    """The value whose bit of ``select`` (one-hot) is set, as an AND-OR."""
     out = 0
     for k, v in enumerate(values):
         out = out | Mux(select[k], v, 0)
@@ -62,7 +64,9 @@ class ArpResponder(wiring.Component):
     """ARP frames addressed to ``ip`` in (the demux sends no others; never
     back-pressured); the sender is learnt into :class:`ArpTable` and a request is
     answered on ``o`` (42 bytes: the MAC pads). A frame arriving while a reply is
-    still going out is ignored and counted on ``busy``."""
+    still going out is ignored and counted on ``busy``. ``ask`` broadcasts a who-has for
+    ``ask_ip`` once nothing else is in hand (``ask_taken``, that cycle); the answer,
+    addressed to us, is learnt like any other."""
 
     def __init__(self, width: int, *, entries: int = 4) -> None:
         self.width = width
@@ -75,6 +79,9 @@ class ArpResponder(wiring.Component):
             "lookup_ip": In(32),
             "lookup_hit": Out(1),
             "lookup_mac": Out(48),
+            "ask": In(1),
+            "ask_ip": In(32),
+            "ask_taken": Out(1),
             "busy": Out(DROP_COUNTER_BITS),
         })
 
@@ -96,6 +103,9 @@ class ArpResponder(wiring.Component):
         capture(m, hdr, mine, beat.data, idx)
         with m.If(refused):
             sat_inc(m, self.busy)
+        capturing = Signal()    # the next beats belong to a frame being taken
+        with m.If(self.i.valid):
+            m.d.sync += capturing.eq(mine & ~beat.last)
 
         # The cycle after the last beat the whole request is in hdr.
         m.d.sync += done.eq(mine & beat.last)
@@ -112,10 +122,24 @@ class ArpResponder(wiring.Component):
             arp_out.hwsrc.eq(self.mac), arp_out.psrc.eq(self.ip),
             arp_out.hwdst.eq(req.hwsrc), arp_out.pdst.eq(req.psrc),
         ]
+        eth_ask = Signal(header_layout(ETH))
+        arp_ask = Signal(header_layout(ARP))
+        m.d.comb += [
+            eth_ask.dst.eq((1 << 48) - 1), eth_ask.src.eq(self.mac),
+            eth_ask.type.eq(ETHERTYPE_ARP),
+            *(getattr(arp_ask, f).eq(ARP[f].default) for f in ("hwtype", "ptype", "hwlen", "plen")),
+            arp_ask.op.eq(ARP_REQUEST), arp_ask.hwsrc.eq(self.mac), arp_ask.psrc.eq(self.ip),
+            arp_ask.hwdst.eq(0), arp_ask.pdst.eq(self.ask_ip),
+        ]
         out_idx = Signal(range(header_beats(FRAME_BITS, self.width)))
         last_beat = header_beats(FRAME_BITS, self.width) - 1
+        m.d.comb += self.ask_taken.eq(self.ask & ~sending & ~done & ~capturing &
+                                      ~self.i.valid)
         with m.If(done & (req.op == ARP_REQUEST)):
             m.d.sync += [reply.eq(Cat(to_wire(eth_out), to_wire(arp_out))), sending.eq(1),
+                         out_idx.eq(0)]
+        with m.Elif(self.ask_taken):
+            m.d.sync += [reply.eq(Cat(to_wire(eth_ask), to_wire(arp_ask))), sending.eq(1),
                          out_idx.eq(0)]
         padded = Cat(reply, Signal(8 * nb * (last_beat + 1) - FRAME_BITS))
         tail = FRAME_BITS // 8 - nb * last_beat

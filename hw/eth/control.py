@@ -20,7 +20,7 @@ from fpgaccl.proto.opcodes import ETHERTYPE_IPV4, IP_PROTO_UDP
 
 from ..stream.beat import beat_layout, beat_stream
 from .header import admit, capture, overlay
-from .mac_rx import MAX_FRAME
+from .mac_rx import FCS_BYTES, MAX_FRAME
 
 HDR_BITS = 8 * ctl.BODY_OFFSET
 _IP_AT, _UDP_AT = 8 * ETH.size, 8 * (ETH.size + IPV4.size)
@@ -43,7 +43,8 @@ class ControlEndpoint(wiring.Component):
                  mem_log2: int = 32, **info: int) -> None:
         self.width = width
         self.max_frame = max_frame
-        self.body_max = ctl.max_body(max_frame)
+        # ``max_frame`` counts the FCS, as the MAC does; the frames here are without it.
+        self.body_max = ctl.max_body(max_frame - FCS_BYTES)
         self.key_init = key
         self.mem_log2 = mem_log2
         self.info = {**info, "width": width, "max_body": self.body_max, "mem_log2": mem_log2}

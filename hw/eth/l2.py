@@ -175,10 +175,12 @@ class FrameMux(wiring.Component):
 class EthServices(wiring.Component):
     """Between the MAC and the RoCE port: ``rx`` (from the MAC) -> ``roce_rx`` plus
     the ARP, ICMP and control responders; ``roce_tx`` plus their replies -> ``tx`` (to
-    the MAC). ``lookup_ip`` -> ``lookup_hit``/``lookup_mac`` reads the learnt ARP table.
+    the MAC). ``lookup_ip`` -> ``lookup_hit``/``lookup_mac`` reads the learnt ARP table;
+    ``ask`` broadcasts a who-has for ``ask_ip`` (``ask_taken``: it goes out).
     The control endpoint (:class:`~fpgaccl.hw.eth.control.ControlEndpoint`, built with
     ``control``'s keyword arguments) masters ``csr`` and the memory port
-    (``rd_req``/``rd_resp``/``wr``) and counts ``control_key``/``control_malformed``."""
+    (``rd_req``/``rd_resp``/``wr``) and counts ``control_key``/``control_malformed``;
+    ``service_busy`` counts the frames any responder ignored while it answered one."""
 
     def __init__(self, width: int, *, max_frame: int = MAX_FRAME, arp_entries: int = 4,
                  control: dict | None = None):
@@ -196,10 +198,13 @@ class EthServices(wiring.Component):
             "lookup_ip": In(32),
             "lookup_hit": Out(1),
             "lookup_mac": Out(48),
+            "ask": In(1),
+            "ask_ip": In(32),
+            "ask_taken": Out(1),
             "csr": Out(CSRBusSignature(16)),
             **memory_ports(width, 1, 1),
             "not_for_us": Out(DROP_COUNTER_BITS),
-            "busy": Out(DROP_COUNTER_BITS),
+            "service_busy": Out(DROP_COUNTER_BITS),
             "control_key": Out(DROP_COUNTER_BITS),
             "control_malformed": Out(DROP_COUNTER_BITS),
         })
@@ -230,10 +235,11 @@ class EthServices(wiring.Component):
         m.d.comb += [
             demux.mac.eq(self.mac), demux.ip.eq(self.ip), arp.mac.eq(self.mac),
             arp.ip.eq(self.ip), icmp.mac.eq(self.mac), cp.mac.eq(self.mac), cp.ip.eq(self.ip),
-            arp.lookup_ip.eq(self.lookup_ip),
+            arp.lookup_ip.eq(self.lookup_ip), arp.ask.eq(self.ask), arp.ask_ip.eq(self.ask_ip),
+            self.ask_taken.eq(arp.ask_taken),
             self.lookup_hit.eq(arp.lookup_hit), self.lookup_mac.eq(arp.lookup_mac),
             self.not_for_us.eq(demux.not_for_us),
-            self.busy.eq(arp.busy + icmp.busy + cp.busy),
+            self.service_busy.eq(arp.busy + icmp.busy + cp.busy),
             self.control_key.eq(cp.key_drops), self.control_malformed.eq(cp.malformed),
         ]
         return m

@@ -3,8 +3,11 @@
 The server loop (:mod:`fpgaccl.sim.servers.loop`) listens on a Unix socket; each rank
 process of ``fpgaccl run --backend sim`` connects, claims node ``rank`` (``hello``) and then sends
 collectives: the CSR writes of its program and context (built on the rank by
-:func:`fpgaccl.proto.plans.collective_writes`) plus its IN bytes. A collective starts
-when every rank of the world has submitted it: the server writes each node's IN through
+:func:`fpgaccl.proto.plans.collective_writes`) plus its IN bytes. A sub-communicator's
+member connects again and sends ``join`` as its node in it. A collective starts when every
+rank of its communicator has submitted it and each of their nodes is free (a node runs
+one program at a time; collectives of different communicators start in whatever order
+they become ready): the server writes each node's IN through
 the memory backdoor, loads its program, rings all doorbells, then runs the clock in
 batches of :data:`BATCH` cycles until each node's ``busy`` drops, and answers each rank
 with its OUT bytes and the cycle count. While nothing runs no simulated time passes, so
@@ -66,8 +69,10 @@ class ClusterServer:
         self.world = None
         self.hellos = {}          # node -> Client, until the world is complete
         self.clients = {}         # node -> Client
-        self.pending = {}         # ("coll"|"barrier", seq) -> {node: (client, header, payload)}
+        self.pending = {}         # (comm, op, seq) -> {node: (client, header, payload)}
         self.running = {}         # node -> (client, header, start_cycle)
+        self.ready = []           # checked collectives waiting for their nodes to be free
+        self.subs = {}            # client -> (comm, nodes): a sub-communicator's member
         self.stage_bytes = p["stage_bytes"]
         self.bufs = self.tb.layout(self.stage_bytes)
         self.stats = {"collectives": 0, "node_cycles": 0, "errors": 0}
@@ -97,6 +102,7 @@ class ClusterServer:
             await ClockCycles(self.dut.clk, BATCH)
             self.tail = max(0, self.tail - BATCH)
             await self.poll_running()
+            await self.launch()
         if self.ports:
             await self.pump_bridge()
 
@@ -106,7 +112,8 @@ class ClusterServer:
     def finished(self):
         # Every rank came and went. (Mixed runs end on the launcher's shutdown: the
         # software ranks may still need the nodes' answers.)
-        return self.ever and not self.clients and not self.hellos and self.sim_ranks is None
+        return (self.ever and not self.clients and not self.hellos and not self.subs
+                and self.sim_ranks is None)
 
     def close(self):
         if self.bridge is not None:
@@ -117,24 +124,30 @@ class ClusterServer:
         kind = h.get("op")
         if kind == "hello":
             await self.hello(client, h)
+        elif kind == "join":
+            self.join(client, h)
         elif kind in ("collective", "barrier"):
             if client.node is None:
                 client.reply({"error": "protocol", "detail": "hello first"})
                 return
-            if self.gone:
-                gone = ", ".join(map(str, sorted(self.gone)))
-                client.reply({"error": "peer", "detail": f"rank {gone} left the world before "
-                              f"calling {h.get('name', kind)}"})
+            comm, nodes = self.subs.get(client, (None, None))
+            if gone := sorted(self.gone if nodes is None else self.gone & set(nodes)):
+                client.reply({"error": "peer", "detail": f"rank {', '.join(map(str, gone))} "
+                              f"left the world before calling {h.get('name', kind)}"})
                 return
             if h.get("group") is not None:
                 # send/recv: only the two ends run a program, and the grant makes the
                 # sender wait for the receiver, so each node starts when its rank asks.
                 await self.start_collective(kind, {client.node: (client, h, payload)})
                 return
-            key = (kind, h["seq"])
+            key = (comm, kind, h["seq"])
             group = self.pending.setdefault(key, {})
             group[client.node] = (client, h, payload)
-            if len(group) == (self.world if self.sim_ranks is None else len(self.sim_ranks)):
+            if nodes is not None:
+                members = len(nodes)
+            else:
+                members = self.world if self.sim_ranks is None else len(self.sim_ranks)
+            if len(group) == members:
                 del self.pending[key]
                 await self.start_collective(kind, group)
         elif kind == "connect":
@@ -178,6 +191,26 @@ class ClusterServer:
             c.reply({"ok": True, "nodes": self.tb.nodes, "stage_bytes": self.stage_bytes,
                      "buffers": self.bufs, "qps": self.p["qps"],
                      "imem_words": self.p["imem_words"], "clock_ns": self.p.get("clock_ns", 4)})
+
+    def join(self, client, h):
+        """A sub-communicator's member: node ``node`` again, on a connection of its own;
+        its collectives start once every node of ``nodes`` has made them."""
+        node, nodes, comm = int(h["node"]), [int(k) for k in h["nodes"]], str(h["comm"])
+        if self.world is None or self.hellos or self.sim_ranks is not None:
+            client.reply({"error": "protocol", "detail": "join needs a world of simulated "
+                          "nodes that has formed"})
+            return
+        taken = any(c == comm and other.node == node for other, (c, _) in self.subs.items())
+        if taken or node not in nodes or len(set(nodes)) != len(nodes) or \
+                not all(0 <= k < self.world for k in nodes):
+            client.reply({"error": "rank", "detail": f"node {node} of {nodes} is taken or "
+                          f"out of range in sub-communicator {comm}"})
+            return
+        client.node = node
+        self.subs[client] = (comm, nodes)
+        client.reply({"ok": True, "nodes": self.tb.nodes, "stage_bytes": self.stage_bytes,
+                      "buffers": self.bufs, "qps": self.p["qps"],
+                      "imem_words": self.p["imem_words"], "clock_ns": self.p.get("clock_ns", 4)})
 
     # ---------------------------------------------------------------- mixed runs
     async def hello_mixed(self, client, h, node, world):
@@ -275,16 +308,27 @@ class ClusterServer:
                                f"rank {k} called {h['name']} {f}={h[f]!r}, rank "
                                f"{min(heads)} {ref['name']} {f}={ref[f]!r}"})
                     return
-        for k, (_, h, payload) in sorted(group.items()):
-            await self.tb.mem_write(k, self.bufs[0], payload)
-            await self.tb.csr_write(k, [tuple(w) for w in h["writes"]])
-        start = int(self.dut.cycles.value)
-        for k, (_, h, _) in sorted(group.items()):
-            await self.tb.csr_write(k, [doorbell(self.rmap, h["coll_id"])])
-        # `busy` rises within a few cycles of the doorbell; look at it from BATCH on.
-        for k, (client, h, _) in group.items():
-            self.running[k] = (client, h, start)
-        self.stats["collectives"] += 1
+        self.ready.append(group)
+        await self.launch()
+
+    async def launch(self):
+        """Ring every checked collective whose nodes are all free, oldest first. A node
+        runs one program at a time, and the collectives of different communicators may
+        be ready in any order: each starts as soon as its own nodes are free."""
+        for group in list(self.ready):
+            if any(k in self.running for k in group):
+                continue
+            self.ready.remove(group)
+            for k, (_, h, payload) in sorted(group.items()):
+                await self.tb.mem_write(k, self.bufs[0], payload)
+                await self.tb.csr_write(k, [tuple(w) for w in h["writes"]])
+            start = int(self.dut.cycles.value)
+            for k, (_, h, _) in sorted(group.items()):
+                await self.tb.csr_write(k, [doorbell(self.rmap, h["coll_id"])])
+            # `busy` rises within a few cycles of the doorbell; look at it from BATCH on.
+            for k, (client, h, _) in group.items():
+                self.running[k] = (client, h, start)
+            self.stats["collectives"] += 1
 
     def left(self, client):
         """A rank disconnected: whoever waits for it in a collective never gets it.
@@ -292,20 +336,35 @@ class ClusterServer:
         node = client.node
         if node is None:
             return
+        if client in self.subs:
+            self.left_sub(client)
+            return
         self.clients.pop(node, None)
         self.hellos.pop(node, None)
         self.running.pop(node, None)
         if self.world is None or node >= self.world:
             return
         self.gone.add(node)
-        for key in list(self.pending):
+        comms = {None} | {c for c, nodes in self.subs.values() if node in nodes}
+        self.fail_waiting_for(node, comms, f"rank {node} left the world")
+
+    def left_sub(self, client):
+        """A sub-communicator's member left: its communicator's collectives waiting for
+        it fail; the world and the other communicators go on."""
+        comm, _ = self.subs.pop(client)
+        self.fail_waiting_for(client.node, {comm},
+                              f"node {client.node} left sub-communicator {comm}")
+
+    def fail_waiting_for(self, node, comms, why):
+        """Fail the collectives of communicators ``comms`` still waiting for ``node``."""
+        for key in [k for k in self.pending if k[0] in comms]:
             group = self.pending[key]
             if node in group:
                 continue
             del self.pending[key]
-            for client, h, _ in group.values():
-                client.reply({"error": "peer", "detail": f"rank {node} left the world before "
-                              f"calling {h.get('name', key[0])}"})
+            for other, h, _ in group.values():
+                other.reply({"error": "peer",
+                             "detail": f"{why} before calling {h.get('name', key[1])}"})
 
     async def poll_running(self):
         busy = int(self.dut.busy.value)
@@ -375,10 +434,11 @@ def _differing_signatures(heads: dict[int, dict]) -> list[str] | None:
     every rank with the same error and nothing is written."""
     if any("signature" not in h for h in heads.values()):
         return None
-    recs = {k: Signature.unpack(bytes.fromhex(h["signature"])) for k, h in heads.items()}
-    ref = min(recs)
-    for k in sorted(recs):
-        if recs[k].digest != recs[ref].digest:
-            return [heads[ref]["signature"], heads[k]["signature"]]
+    # By the records' ranks, not by node: a sub-communicator's rank 0 may be any node.
+    recs = sorted(((Signature.unpack(bytes.fromhex(h["signature"])), h["signature"])
+                   for h in heads.values()), key=lambda r: r[0].rank)
+    for sig, record in recs:
+        if sig.digest != recs[0][0].digest:
+            return [recs[0][1], record]
     return None
 

@@ -153,8 +153,7 @@ def test_backends_are_chosen_by_name() -> None:
 
 
 def test_a_backend_without_engines_of_its_own_refuses_split_on_every_rank() -> None:
-    # As the sim and board backends: one set of queue pairs per node, calls on the
-    # caller's thread. Every rank gets the same typed error, none hangs.
+    # The loopback model has neither: every rank gets the same typed error, none hangs.
     def body(comm: Communicator) -> tuple:
         try:
             comm.split(comm.rank % 2)

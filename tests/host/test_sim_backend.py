@@ -262,3 +262,145 @@ def test_sim_without_a_server(monkeypatch):
     monkeypatch.delenv(SOCKET_ENV, raising=False)
     with pytest.raises(BackendUnavailableError, match="fpgaccl run"):
         Communicator(0, 2, backend="sim")
+
+
+SPLIT_SCRIPT = textwrap.dedent("""
+    import json
+    import sys
+
+    import numpy as np
+
+    import fpgaccl
+    from fpgaccl.errors import CollectiveMismatchError
+
+    comm = fpgaccl.init()
+    r, iterations = comm.rank, int(sys.argv[2])
+    a = comm.split(0 if r in (0, 1, 2) else None)          # ranks 0, 1, 2
+    b = comm.split(0 if r in (1, 2, 3) else None, key=-r)  # ranks 3, 2, 1
+    out = []
+    for i in range(iterations):
+        rng = np.random.default_rng(1000 * i + r)
+        xa = rng.integers(-1 << 20, 1 << 20, 257, dtype=np.int64)
+        xb = rng.standard_normal(64).astype(np.float32)
+        on_a, on_b = [], []   # within a communicator, every rank keeps one order
+        if a is not None:
+            g = np.empty(64 * a.world_size, np.float32)
+            on_a.append(("a", lambda xa=xa: a.allreduce(xa.copy(), async_op=True)))
+            on_a.append(("ag", lambda xb=xb, g=g: a.allgather(xb, g, async_op=True)))
+        if b is not None:
+            on_b.append(("b", lambda xa=xa: b.allreduce(xa.copy(), op="max",
+                                                        async_op=True)))
+        # Opposite orders across communicators, swapped every iteration.
+        calls = on_b + on_a if (r + i) % 2 else on_a + on_b
+        handles = [(name, call()) for name, call in calls]
+        whole = comm.allreduce(xa.copy(), async_op=True)
+        got = {name: h.wait() for name, h in reversed(handles)}
+        got["world"] = whole.wait()
+        out.append({k: v.tobytes().hex() for k, v in got.items()})
+    mismatch = None
+    if b is not None:   # a sub-communicator checks its own calls
+        x = np.arange(10, dtype=np.int32)
+        try:
+            b.allreduce(x, op="max" if b.rank == 1 else "sum")
+        except CollectiveMismatchError as e:
+            mismatch = [e.field, list(e.ranks), list(e.values),
+                        x.tolist() == list(range(10))]
+    ranks = [None if c is None else [c.rank, c.world_size] for c in (a, b)]
+    for c in (a, b):
+        if c is not None:
+            c.close()
+    with open(f"{sys.argv[1]}/rank{r}.json", "w") as f:
+        json.dump({"out": out, "ranks": ranks, "mismatch": mismatch}, f)
+""")
+
+
+@pytest.mark.slow
+def test_overlapping_sub_communicators_in_opposite_orders_complete_on_sim(cluster, tmp_path):
+    """Issue 28 on the sim backend: two overlapping sub-communicators (ranks 0-2 and, in
+    reverse order, 3-1), each with an allreduce (and an allgather) issued async in
+    opposite orders on different ranks beside a world allreduce, 50 iterations: no hang,
+    every result bit-exact. The nodes' queue pairs are the world's, so the server starts
+    each collective once its nodes are free; a mismatch inside a sub-communicator fails
+    on each of its ranks."""
+    iterations = 50
+    script = tmp_path / "split.py"
+    script.write_text(SPLIT_SCRIPT)
+    proc = subprocess.run(
+        [sys.executable, "-m", "fpgaccl.host.cli", "run", "-n", str(WORLD), "--backend",
+         "sim", "--timeout", "300", "--", sys.executable, str(script), str(tmp_path),
+         str(iterations)], capture_output=True, text=True, timeout=400,
+        env={**os.environ, **build_env(*cluster), "FPGACCL_CHECK_CALLS": "1"})
+    assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}"
+    got = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(WORLD)]
+    assert [g["ranks"] for g in got] == [[[0, 3], None], [[1, 3], [2, 3]],
+                                         [[2, 3], [1, 3]], [None, [0, 3]]]
+    for i in range(iterations):
+        xa, xb = [], []
+        for r in range(WORLD):
+            rng = np.random.default_rng(1000 * i + r)
+            xa.append(rng.integers(-1 << 20, 1 << 20, 257, dtype=np.int64))
+            xb.append(rng.standard_normal(64).astype(np.float32))
+        want = {"world": sum(xa), "a": xa[0] + xa[1] + xa[2],
+                "ag": np.concatenate(xb[:3]), "b": np.maximum(np.maximum(xa[1], xa[2]), xa[3])}
+        for r in range(WORLD):
+            names = ["world"] + (["a", "ag"] if r < 3 else []) + (["b"] if r > 0 else [])
+            for name in names:
+                assert got[r]["out"][i][name] == want[name].tobytes().hex(), (i, r, name)
+    # b's rank 1 (world rank 2) asked for max, its ranks 0 and 2 for sum.
+    assert got[0]["mismatch"] is None
+    for r in (1, 2, 3):
+        assert got[r]["mismatch"] == ["op", [0, 1], ["sum", "max"], True], got[r]
+
+
+ABORT_SCRIPT = textwrap.dedent("""
+    import json
+    import sys
+    import threading
+    import time
+
+    import numpy as np
+
+    import fpgaccl
+    from fpgaccl.errors import AbortedError
+
+    comm = fpgaccl.init()
+    out = {"sum": comm.allreduce(np.ones(4, np.int32)).tolist()}
+    if comm.rank == 0:
+        # Calls rank 1 never makes: only abort() can end them before the deadline.
+        handles = [comm.allreduce(np.ones(100, np.float32), async_op=True)
+                   for _ in range(3)]
+        t0 = time.monotonic()
+        threading.Timer(0.3, comm.abort).start()
+        out["errors"] = []
+        for h in handles:
+            try:
+                h.wait()
+            except AbortedError as e:
+                out["errors"].append(e.operation)
+        out["waited_s"] = time.monotonic() - t0
+        try:
+            comm.allreduce(np.ones(4, np.int32))
+        except AbortedError:
+            out["later"] = "AbortedError"
+    else:
+        time.sleep(2.0)
+        comm.close()
+    with open(f"{sys.argv[1]}/rank{comm.rank}.json", "w") as f:
+        json.dump(out, f)
+""")
+
+
+@pytest.mark.slow
+def test_abort_fails_pending_calls_at_once_on_sim(cluster, tmp_path):
+    script = tmp_path / "abort.py"
+    script.write_text(ABORT_SCRIPT)
+    proc = subprocess.run(
+        [sys.executable, "-m", "fpgaccl.host.cli", "run", "-n", "2", "--backend", "sim",
+         "--timeout", "300", "--", sys.executable, str(script), str(tmp_path)],
+        capture_output=True, text=True, timeout=400,
+        env={**os.environ, **build_env(*cluster), "FPGACCL_DEADLINE_S": "60"})
+    assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}"
+    got = json.loads((tmp_path / "rank0.json").read_text())
+    assert got["sum"] == [2] * 4
+    assert got["errors"] == ["allreduce"] * 3 and got["later"] == "AbortedError"
+    assert got["waited_s"] < 5, got       # not the 60 s deadline

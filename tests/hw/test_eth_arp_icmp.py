@@ -70,6 +70,44 @@ def expected_echo_reply(req, sent: bytes) -> bytes:
 
 
 @pytest.mark.parametrize("width", [32, 64])
+def test_asking_for_a_peer_sends_a_who_has_and_its_answer_is_learnt(width):
+    dut = EthServices(width, max_frame=300)
+    is_at = Ether(dst=OUR_MAC, src=B_MAC) / ARP(op="is-at", hwsrc=B_MAC, psrc=B_IP,
+                                               hwdst=OUR_MAC, pdst=OUR_IP)
+    tx_got, looked = [], {}
+
+    async def node(ctx):
+        ctx.set(dut.mac, mac_int(OUR_MAC))
+        ctx.set(dut.ip, ip_int(OUR_IP))
+        await ctx.tick()
+        ctx.set(dut.ask_ip, ip_int(B_IP))
+        ctx.set(dut.ask, 1)
+        await ctx.tick()
+        ctx.set(dut.ask, 0)
+        for _ in range(100):
+            await ctx.tick()
+            if tx_got:
+                break
+        await send_frames(ctx, dut.rx, [padded(is_at)], width)
+        await ctx.tick().repeat(100)
+        ctx.set(dut.lookup_ip, ip_int(B_IP))
+        await ctx.delay(1e-9)
+        looked["b"] = (ctx.get(dut.lookup_hit), ctx.get(dut.lookup_mac))
+
+    async def tx_sink(ctx):
+        await collect_frames(ctx, dut.tx, width, tx_got, 1 << 30)
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    sim.add_testbench(node)
+    sim.add_testbench(tx_sink, background=True)
+    sim.run()
+    assert tx_got == [raw(Ether(dst="ff:ff:ff:ff:ff:ff", src=OUR_MAC) / ARP(
+        op="who-has", hwsrc=OUR_MAC, psrc=OUR_IP, hwdst="00:00:00:00:00:00", pdst=B_IP))]
+    assert looked["b"] == (1, mac_int(B_MAC))
+
+
+@pytest.mark.parametrize("width", [32, 64])
 def test_arp_icmp_and_roce_through_the_services(width):
     dut = EthServices(width, max_frame=300)
     rng = random.Random(width)
@@ -111,7 +149,7 @@ def test_arp_icmp_and_roce_through_the_services(width):
             ctx.set(dut.lookup_ip, ip_int(ip))
             await ctx.delay(1e-9)
             lookups[ip] = (ctx.get(dut.lookup_hit), ctx.get(dut.lookup_mac))
-        lookups["counts"] = (ctx.get(dut.not_for_us), ctx.get(dut.busy))
+        lookups["counts"] = (ctx.get(dut.not_for_us), ctx.get(dut.service_busy))
 
     sim = Simulator(dut)
     sim.add_clock(1e-8)

@@ -13,6 +13,7 @@ from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 
 from fpgaccl.hw.eth.l2 import EthServices
+from fpgaccl.hw.eth.mac_rx import FCS_BYTES
 from fpgaccl.hw.transport.layouts import mem_write_layout
 from fpgaccl.proto import control as ctl
 from fpgaccl.sim.models.stream import unpack
@@ -22,6 +23,8 @@ from tests.hw.test_eth_arp_icmp import A_IP, A_MAC, OUR_IP, OUR_MAC, ip_int, mac
 KEY = 0x0123_4567_89AB_CDEF
 SPORT = 40000
 MAX_FRAME = 300
+BODY_MAX = ctl.max_body(MAX_FRAME - FCS_BYTES)
+"""The longest body whose frame, with its FCS, is MAX_FRAME bytes."""
 PARAMS = {"mem_log2": 16, "mtu": 1024, "clock_ps": 4000, "gpu_va_base": 0x7F00_0000_0000}
 
 
@@ -77,7 +80,7 @@ class Bench:
                 assert len(self.tx) == want, f"no reply to {frame.hex()}"
             self.counts = {"key": ctx.get(dut.control_key),
                            "malformed": ctx.get(dut.control_malformed),
-                           "busy": ctx.get(dut.busy)}
+                           "busy": ctx.get(dut.service_busy)}
 
         async def tx_sink(ctx):
             await collect_frames(ctx, dut.tx, w, self.tx, 1 << 30, random.Random(2))
@@ -126,7 +129,7 @@ class Bench:
 
 def info(width: int) -> bytes:
     return ctl.INFO.pack(mac=mac_int(OUR_MAC), ip=ip_int(OUR_IP), width=width,
-                         max_body=ctl.max_body(MAX_FRAME), **PARAMS)
+                         max_body=BODY_MAX, **PARAMS)
 
 
 @pytest.mark.parametrize("width", [32, 64])
@@ -165,6 +168,17 @@ def test_each_op_answered_as_the_encoder_says(width):
 
 
 @pytest.mark.parametrize("width", [32, 64])
+def test_the_longest_answer_fits_the_largest_frame_with_its_fcs(width):
+    # HELLO's max_body is the longest body the node sends: with the headers and the FCS
+    # the MAC appends, its frame is exactly the largest the MAC takes.
+    bench = Bench(width, KEY)
+    longest = ctl.mem_read(1, KEY, 0x10, BODY_MAX)
+    (frame,) = bench.run([(request(longest), 1)])
+    assert len(frame) + FCS_BYTES == MAX_FRAME
+    assert frame == response(ctl.answer(longest, body=bytes(bench.mem[0x10:0x10 + BODY_MAX])))
+
+
+@pytest.mark.parametrize("width", [32, 64])
 def test_retries_are_not_executed_twice_and_stale_writes_refused(width):
     bench = Bench(width, KEY)
     wr = ctl.csr_write(10, KEY, [(0x18, 1)])
@@ -199,7 +213,7 @@ def test_wrong_key_and_bad_requests_write_nothing(width):
     bad_op = ctl.Message(9, 4, KEY, 0, 1)
     range_wr = ctl.csr_write(5, KEY, [(0x18, 1), (0x1_0000, 2)])  # refused whole
     unaligned = ctl.csr_read(6, KEY, 0x19)
-    too_long = ctl.mem_read(7, KEY, 0, ctl.max_body(MAX_FRAME) + 1)
+    too_long = ctl.mem_read(7, KEY, 0, BODY_MAX + 1)
     past_mem = ctl.mem_write(8, KEY, 0xFFFF, b"ab")
     zero = ctl.csr_read(9, KEY, 0x18, 0)
     good = ctl.encode(ctl.csr_read(10, KEY, 0x18))
@@ -220,7 +234,7 @@ def test_wrong_key_and_bad_requests_write_nothing(width):
     for m, frame in zip((hello_bad, bad_op, range_wr, unaligned, too_long, past_mem, zero),
                         got, strict=True):   # the node's checks are proto's
         want = S.BAD_KEY if m is hello_bad else ctl.check(
-            m, body_max=ctl.max_body(MAX_FRAME), mem_log2=PARAMS["mem_log2"])
+            m, body_max=BODY_MAX, mem_log2=PARAMS["mem_log2"])
         assert ctl.decode(raw(Ether(frame)[UDP].payload)).status == want
     assert bench.writes == []
     assert bench.mem == bytearray(random.Random(width).randbytes(1 << 16))

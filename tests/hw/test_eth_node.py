@@ -75,3 +75,48 @@ def test_mac_drops_and_hello_info_over_the_control_port():
     assert ctl.words(answers["before"].body) == [7, 3, 2, 1]
     # bad_fcs and phy_error cleared by the write; bad_fcs counted 5 more since.
     assert ctl.words(answers["after"].body) == [5, 3, 0, 1]
+
+
+def test_frames_a_busy_responder_ignored_are_counted_as_service_busy():
+    # Two who-has back to back while the MAC takes nothing: the ARP responder still
+    # holds its first answer when the second arrives, ignores it and counts it.
+    from scapy.compat import raw
+    from scapy.layers.l2 import ARP, Ether
+
+    from tests.hw.test_eth_arp_icmp import A_IP, A_MAC
+    dut = EthNode(WIDTH, key=KEY, mem_log2=16, **NODE)
+    who_has = raw(Ether(dst="ff:ff:ff:ff:ff:ff", src=A_MAC) / ARP(
+        hwsrc=A_MAC, psrc=A_IP, pdst=OUR_IP))
+    addr = REGMAP["drops"].base + REGMAP["drops"]["service_busy"].offset
+    got: list[bytes] = []
+    read = {}
+
+    async def host(ctx):
+        ctx.set(dut.mac, mac_int(OUR_MAC))
+        ctx.set(dut.ip, ip_int(OUR_IP))
+        ctx.set(dut.wr.ready, 1)
+        await ctx.tick().repeat(5)
+        await send_frames(ctx, dut.rx, [who_has, who_has], WIDTH)
+        await ctx.tick().repeat(50)
+        read["tx_held"] = len(got)
+        read["go"] = True
+        await send_frames(ctx, dut.rx, [request(ctl.csr_read(1, KEY, addr))], WIDTH)
+        for _ in range(2000):
+            await ctx.tick()
+            if len(got) == 2:
+                break
+
+    async def sink(ctx):
+        while not read.get("go"):
+            ctx.set(dut.tx.ready, 0)
+            await ctx.tick()
+        await collect_frames(ctx, dut.tx, WIDTH, got, 1 << 30)
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    sim.add_testbench(host)
+    sim.add_testbench(sink, background=True)
+    sim.run()
+    assert read["tx_held"] == 0 and len(got) == 2
+    assert Ether(got[0])[ARP].op == 2                    # the first who-has, answered
+    assert ctl.words(ctl.decode(got[1][42:]).body) == [1]
