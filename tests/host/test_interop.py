@@ -97,7 +97,8 @@ class HdlRank:
         imm = COLLECTIVE_IMM.from_int(f.immdt["imm"])
         assert imm == {"coll_id": 7, "grant": int(grant), "step": step}, imm
         assert f.reth["rkey"] == HW_KEY
-        assert f.reth["va"] == HW_BASES[buf] + 4 * xoff
+        # A grant's VA is the call's signature digest: none here.
+        assert f.reth["va"] == (0 if grant else HW_BASES[buf] + 4 * xoff)
         assert f.reth["dlen"] == 4 * n == len(f.payload)
         return f
 
@@ -111,9 +112,8 @@ class HdlRank:
             sw_va = self.region.bases[ins.rbuf] + 4 * ins.xchunk * cs
             if ins.op is SeqOp.COPY:
                 self.bufs[ins.buf][lo:hi] = self.bufs[ins.src][lo:hi]
-            elif ins.op is SeqOp.GRANT:  # router: dst = buf (IN), xoffset 0, length 0
-                self._send(Opcode.RDMA_WRITE_ONLY_WITH_IMMEDIATE,
-                           va=self.region.bases[ins.buf],
+            elif ins.op is SeqOp.GRANT:  # router: length 0, VA = the digest (none)
+                self._send(Opcode.RDMA_WRITE_ONLY_WITH_IMMEDIATE, va=0,
                            imm=COLLECTIVE_IMM.to_int(coll_id=7, grant=1, step=ins.step))
             elif ins.op is SeqOp.SEND:
                 self._expect(True, ins.step, Buf.IN, 0, 0)  # rank 0's grant
