@@ -604,10 +604,8 @@ def _execute(engine: Engine, region: CollectiveRegion, remotes: dict[int, Remote
             q = qp.grants
             if not q:
                 yield _Head(q) if sig is None else sig.waiting(q)
-                if sig is not None:
-                    sig.raise_notice()
             if sig is not None:
-                sig.raise_notice()   # the grant's digest, before a byte goes
+                sig.raise_notice()   # a notice, or the grant's digest: before a byte goes
             _take(q, coll_id, ins, rank, "grant")
             nbytes = (last - first) * isz
             if (xoff * isz + nbytes > remote.stage_bytes):
