@@ -604,7 +604,7 @@ def _execute(engine: Engine, region: CollectiveRegion, remotes: dict[int, Remote
             if not q:
                 yield _Head(q) if sig is None else sig.waiting(q)
             if sig is not None:
-                yield from sig.settle()   # the grant's digest, before a byte goes
+                yield from sig.settle()   # a notice, or the grant's digest: before a byte goes
             _take(q, coll_id, ins, rank, "grant")
             nbytes = (last - first) * isz
             if (xoff * isz + nbytes > remote.stage_bytes):
