@@ -97,7 +97,7 @@ from fpgaccl.proto.signature import (
 
 from . import wire
 from .fold import Fold
-from .qp import ANY_QP, Completion, MemoryRegion, Message
+from .qp import ANY_QP, Completion, MemoryRegion, Message, QueuePair
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -351,20 +351,19 @@ class SignatureCheck:
         self.asked: tuple[float, CollectiveMismatchError] | None = None
         """A software peer was queried: until when to wait, and the digests' error."""
         self.sent: list[Completion] = []      # the notices this rank sent
+        self.digest = mine.digest
         _drain_stale(engine, self.coll_id, software)
-        self.peers = frozenset(i.peer for i in program if i.op in PEER_OPS)
-        self.notices: dict[int, tuple[Completion, np.ndarray]] = {}
-        for p in sorted(software):
-            buf = np.zeros(2 * RECORD.size, np.uint8)
-            self.notices[p] = (engine.recv(p, self.coll_id, STEP_MISMATCH, buf, None,
-                                           "signature"), buf)
+        self.hdl = frozenset(i.peer for i in program if i.op in PEER_OPS) - software
+        # Notices are rare: rather than a receive posted per peer and call, they are
+        # looked for among the messages no receive took.
+        self.rings = [q for p in sorted(software) if (q := engine.by_peer.get(p))]
 
     def notice(self) -> CollectiveMismatchError | None:
         """The call's mismatch, once known (a notice came, or a GRANT differs)."""
         if self.error is not None:
             return self.error
-        for comp, buf in self.notices.values():
-            if comp.done:
+        for qp in self.rings:
+            if qp.arrived and (buf := self._arrived_notice(qp)) is not None:
                 self._take_notice(buf)
                 return self.error
         if self.asked is None:
@@ -373,6 +372,17 @@ class SignatureCheck:
             self.error = self.asked[1]   # the peer never answered: digests only
             self._tell(self._digest_note(self.error))
         return self.error
+
+    def _arrived_notice(self, qp: QueuePair) -> np.ndarray | None:
+        for a in qp.arrived:
+            if a.coll_id == self.coll_id and a.step & ~wire.STEP_FINAL == STEP_MISMATCH:
+                qp.arrived.remove(a)
+                start = a.slot * self.engine.matcher.slot_bytes
+                buf = np.frombuffer(bytes(qp.ring.buf[start:start + a.length]), np.uint8)
+                qp.give_back(a.slot)
+                if len(buf) == 2 * RECORD.size:
+                    return buf
+        return None
 
     def _take_notice(self, buf: np.ndarray) -> None:
         theirs = Signature.unpack(buf[RECORD.size:])
@@ -388,25 +398,30 @@ class SignatureCheck:
             self.error = digest_mismatch_error(about[1], about[0], theirs.rank, theirs.digest)
 
     def _grants(self) -> None:
-        mine = self.mine.digest
-        for p in self.peers:
+        # While this rank waits, only an HDL peer's GRANT can tell it of a difference
+        # (a node that stopped grants the rank it differs from); a software peer asks.
+        mine = self.digest
+        for p in self.hdl:
             qp = self.engine.by_peer.get(p)
             if qp is None:
                 continue
             for coll, _step, digest in qp.grants:
-                if coll not in self.coll_ids or not digest or digest == mine:
-                    continue
-                error = digest_mismatch_error(p, digest, self.mine.rank, mine)
-                note = memoryview(digest_record(digest, p) + self.mine.pack())
-                if p in self.software:
-                    self.engine.send(p, self.coll_id, STEP_MISMATCH, note)
-                    self.asked = (time.monotonic() + ASK_S, error)
+                if coll in self.coll_ids and digest and digest != mine:
+                    self._differs(p, digest)
                     return
-                self.error = error
-                self._tell(note)
-                if p not in self.granted and self.regrant is not None:
-                    self.regrant(p)
-                return
+
+    def _differs(self, p: int, digest: int) -> None:
+        """Peer ``p``'s GRANT of this call carries ``digest``, not this rank's."""
+        error = digest_mismatch_error(p, digest, self.mine.rank, self.digest)
+        note = memoryview(digest_record(digest, p) + self.mine.pack())
+        if p in self.software:
+            self.engine.send(p, self.coll_id, STEP_MISMATCH, note)
+            self.asked = (time.monotonic() + ASK_S, error)
+            return
+        self.error = error
+        self._tell(note)
+        if p not in self.granted and self.regrant is not None:
+            self.regrant(p)
 
     @staticmethod
     def _digest_note(error: CollectiveMismatchError) -> memoryview:
@@ -420,9 +435,13 @@ class SignatureCheck:
     def waiting(self, queue: deque | None) -> _Either:
         return _Either(queue, self)
 
-    def settle(self) -> Generator[Any, None, None]:
-        """Before a byte goes to a peer: raise the call's mismatch, waiting for a queried
-        peer's answer first."""
+    def settle(self, peer: int = -1, grants: deque | None = None) -> Generator[Any, None, None]:
+        """Before a byte goes to ``peer``, whose next GRANT heads ``grants``: raise the
+        call's mismatch, waiting for a queried peer's answer first."""
+        if grants and self.error is None and self.asked is None:
+            coll, _step, digest = grants[0]
+            if coll in self.coll_ids and digest and digest != self.digest:
+                self._differs(peer, digest)
         while self.notice() is None and self.asked is not None:
             yield _Either(None, self)
         if self.error is not None:
@@ -433,11 +452,7 @@ class SignatureCheck:
             raise self.error
 
     def close(self) -> None:
-        """Withdraw the receives nothing answered (a notice, usually)."""
-        posted = self.engine.matcher.posted
-        for p, (comp, _) in self.notices.items():
-            if not comp.done:
-                posted[p][:] = [op for op in posted[p] if op.completion is not comp]
+        """Nothing to withdraw: a notice no call took is given back by a later call."""
 
 
 def mismatch_error(a: Signature, b: Signature) -> CollectiveMismatchError:
@@ -558,7 +573,7 @@ def _execute(engine: Engine, region: CollectiveRegion, remotes: dict[int, Remote
     by_peer = engine.by_peer
     mtu = engine.mtu
     post_grant = wire.collective_imm
-    digest = 0 if sig is None else sig.mine.digest
+    digest = 0 if sig is None else sig.digest
     engine.dead_colls.discard(coll_id)   # an id reused after 2**16 calls
     if sig is not None:
         sig.regrant = functools.partial(_regrant, engine, remotes, coll_id, digest)
@@ -604,7 +619,7 @@ def _execute(engine: Engine, region: CollectiveRegion, remotes: dict[int, Remote
             if not q:
                 yield _Head(q) if sig is None else sig.waiting(q)
             if sig is not None:
-                yield from sig.settle()   # a notice, or the grant's digest: before a byte goes
+                yield from sig.settle(ins.peer, q)   # the grant's digest, before a byte goes
             _take(q, coll_id, ins, rank, "grant")
             nbytes = (last - first) * isz
             if (xoff * isz + nbytes > remote.stage_bytes):
