@@ -117,6 +117,9 @@ class Engine:
         # messages, late or left over, are no events for later calls.
         self.dead_colls: set[int] = set()
         self.arrivals_dirty = False
+        self.events = 0
+        """GRANTs and ring messages taken so far: what a waiter that looks at them (a
+        call's signature check) compares to know that nothing new came."""
         self._rng = np.random.default_rng()
         self.socket_buffer_bytes = socket_buffer_bytes
         # The C loops (host/fastpath.c), unless turned off or unavailable.

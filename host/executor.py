@@ -352,6 +352,7 @@ class SignatureCheck:
         """A software peer was queried: until when to wait, and the digests' error."""
         self.sent: list[Completion] = []      # the notices this rank sent
         self.digest = mine.digest
+        self.seen = -1     # the engine's events when this call last looked
         _drain_stale(engine, self.coll_id, software)
         self.hdl = frozenset(i.peer for i in program if i.op in PEER_OPS) - software
         # Notices are rare: rather than a receive posted per peer and call, they are
@@ -362,15 +363,21 @@ class SignatureCheck:
         """The call's mismatch, once known (a notice came, or a GRANT differs)."""
         if self.error is not None:
             return self.error
+        if self.asked is not None and time.monotonic() > self.asked[0]:
+            self.error = self.asked[1]   # the peer never answered: digests only
+            self._tell(self._digest_note(self.error))
+            return self.error
+        # Polled by every wait of the call: look again only once something came.
+        events = self.engine.events
+        if events == self.seen:
+            return None
+        self.seen = events
         for qp in self.rings:
             if qp.arrived and (buf := self._arrived_notice(qp)) is not None:
                 self._take_notice(buf)
                 return self.error
         if self.asked is None:
             self._grants()
-        elif time.monotonic() > self.asked[0]:
-            self.error = self.asked[1]   # the peer never answered: digests only
-            self._tell(self._digest_note(self.error))
         return self.error
 
     def _arrived_notice(self, qp: QueuePair) -> np.ndarray | None:

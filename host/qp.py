@@ -1077,6 +1077,7 @@ class QueuePair:
                 elif imm & wire.IMM_GRANT:
                     # The grant's VA: the granting rank's signature digest (0: none).
                     self.grants.append((imm >> 16, imm & wire.IMM_STEP_MASK, self.w_va))
+                    eng.events += 1
                 else:
                     self.landed.append((imm >> 16, imm & wire.IMM_STEP_MASK, self.w_len))
                     # The message the sequencer waits on: no later WRITE may be folded.
@@ -1089,6 +1090,7 @@ class QueuePair:
                 else:
                     self.arrived.append(Arrival(coll_id, step, slot, self.w_len))
                     eng.arrivals_dirty = True
+                    eng.events += 1
             self.w_off = -1
             self.w_fold = None
 
