@@ -354,7 +354,8 @@ class SignatureCheck:
         self.digest = mine.digest
         self.seen = -1     # the engine's events when this call last looked
         _drain_stale(engine, self.coll_id, software)
-        self.hdl = frozenset(i.peer for i in program if i.op in PEER_OPS) - software
+        self.hdl = frozenset() if len(software) == len(engine.by_peer) else \
+            frozenset(i.peer for i in program if i.op in PEER_OPS) - software
         # Notices are rare: rather than a receive posted per peer and call, they are
         # looked for among the messages no receive took.
         self.rings = [q for p in sorted(software) if (q := engine.by_peer.get(p))]
@@ -442,13 +443,17 @@ class SignatureCheck:
     def waiting(self, queue: deque | None) -> _Either:
         return _Either(queue, self)
 
-    def settle(self, peer: int = -1, grants: deque | None = None) -> Generator[Any, None, None]:
-        """Before a byte goes to ``peer``, whose next GRANT heads ``grants``: raise the
-        call's mismatch, waiting for a queried peer's answer first."""
+    def unsettled(self, peer: int = -1, grants: deque | None = None) -> bool:
+        """Before a byte goes to ``peer``, whose next GRANT heads ``grants``: whether
+        there is a mismatch to raise or an answer to wait for (then :meth:`settle`)."""
         if grants and self.error is None and self.asked is None:
             coll, _step, digest = grants[0]
             if coll in self.coll_ids and digest and digest != self.digest:
                 self._differs(peer, digest)
+        return self.notice() is not None or self.asked is not None
+
+    def settle(self) -> Generator[Any, None, None]:
+        """Raise the call's mismatch, waiting for a queried peer's answer first."""
         while self.notice() is None and self.asked is not None:
             yield _Either(None, self)
         if self.error is not None:
@@ -625,8 +630,8 @@ def _execute(engine: Engine, region: CollectiveRegion, remotes: dict[int, Remote
             q = qp.grants
             if not q:
                 yield _Head(q) if sig is None else sig.waiting(q)
-            if sig is not None:
-                yield from sig.settle(ins.peer, q)   # the grant's digest, before a byte goes
+            if sig is not None and sig.unsettled(ins.peer, q):   # before a byte goes
+                yield from sig.settle()
             _take(q, coll_id, ins, rank, "grant")
             nbytes = (last - first) * isz
             if (xoff * isz + nbytes > remote.stage_bytes):
@@ -665,7 +670,7 @@ def _execute(engine: Engine, region: CollectiveRegion, remotes: dict[int, Remote
                         qp.arm_fold(fold)
                 try:
                     yield _Head(q) if sig is None else sig.waiting(q)
-                    if sig is not None:
+                    if sig is not None and sig.unsettled():
                         yield from sig.settle()
                 finally:
                     if fold is not None:

@@ -53,6 +53,7 @@ Where only digests are known, the error names the field ``digest``.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import struct
 import zlib
@@ -82,6 +83,7 @@ class Kind(IntEnum):
     BARRIER = 10
 
 
+@functools.lru_cache(maxsize=256)
 def program_digest(name: str, *params: object) -> int:
     """The rank-independent digest of an algorithm: its name and parameters."""
     return zlib.crc32(repr((name, *params)).encode()) or 1
@@ -111,7 +113,7 @@ class Signature:
         body = self._body(0)
         return RECORD.pack(_digest(body), *self._fields(self.rank))
 
-    @property
+    @functools.cached_property
     def digest(self) -> int:
         return _digest(self._body(0))
 
