@@ -41,6 +41,7 @@ class StubEngine:
         self.drops = [0] * len(DropReason)
         self.mrs: dict[int, MemoryRegion] = {}
         self.arrivals_dirty = False
+        self.events = 0      # GRANTs and ring messages taken (Engine.events)
         self.failed: BaseException | None = None
         self.borrowed: dict = {}  # no borrowed SENDs here: every message owns its bytes
         self.outbox: list[bytes] = []

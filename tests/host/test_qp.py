@@ -31,6 +31,7 @@ class _Engine(_Recorder):
         self.mrs: dict[int, MemoryRegion] = {}
         self.borrowed = {}
         self.seq_due = self.arrivals_dirty = False
+        self.events = 0
 
     def drop(self, reason: DropReason) -> None:
         self.drops[reason] += 1
