@@ -155,13 +155,14 @@ class CollectiveMismatchError(InvalidArgumentError):
     def of(field: str, ranks: tuple[int, int], values: tuple[str, str]) -> CollectiveMismatchError:
         """The error for ``field``: a count or dtype difference is also a
         :class:`CountMismatchError` or :class:`DtypeMismatchError`."""
-        cls = {"count": CollectiveCountMismatchError,
+        cls = {"count": CollectiveCountMismatchError, "counts": CollectiveCountMismatchError,
                "dtype": CollectiveDtypeMismatchError}.get(field, CollectiveMismatchError)
         return cls(field, ranks, values)
 
 
 class CollectiveCountMismatchError(CollectiveMismatchError, CountMismatchError):
-    """Ranks called one collective with different element counts."""
+    """Ranks called one collective with different element counts (``count``), or
+    all-to-all-v with per-peer counts that do not pair up (``counts``)."""
 
 
 class CollectiveDtypeMismatchError(CollectiveMismatchError, DtypeMismatchError):

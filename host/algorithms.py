@@ -21,26 +21,35 @@ from typing import Any
 import numpy as np
 
 from .engine import Engine
-from .qp import Completion
 
 Program = Generator[Any, None, None]
 
 
 class Ctx:
-    """What a program sees: its rank, the world, and posting primitives for one call."""
+    """What a program sees: its rank, the world, and posting primitives for one call.
+    With a ``check`` (:class:`fpgaccl.host.schedule_check.ScheduleCheck`), a peer's data
+    lands only once its call signature agrees."""
 
-    def __init__(self, engine: Engine, rank: int, size: int, coll_id: int) -> None:
+    def __init__(self, engine: Engine, rank: int, size: int, coll_id: int,
+                 check: Any = None) -> None:
         self.engine = engine
         self.rank = rank
         self.size = size
         self.coll_id = coll_id & 0xFFFF
+        self.check = check
 
-    def send(self, peer: int, step: int, arr: np.ndarray) -> Completion:
-        return self.engine.send(peer, self.coll_id, step, memoryview(_bytes(arr)))
+    def send(self, peer: int, step: int, arr: np.ndarray) -> Any:
+        if self.check is None:
+            return self.engine.send(peer, self.coll_id, step, memoryview(_bytes(arr)))
+        return self.check.sent(
+            peer, lambda: self.engine.send(peer, self.coll_id, step, memoryview(_bytes(arr))))
 
     def recv(self, peer: int, step: int, dest: np.ndarray, ufunc: Any | None = None,
-             what: str = "recvbuf") -> Completion:
-        return self.engine.recv(peer, self.coll_id, step, dest, ufunc, what)
+             what: str = "recvbuf") -> Any:
+        if self.check is None:
+            return self.engine.recv(peer, self.coll_id, step, dest, ufunc, what)
+        return self.check.gated(
+            peer, lambda: self.engine.recv(peer, self.coll_id, step, dest, ufunc, what))
 
 
 def _bytes(arr: np.ndarray) -> np.ndarray:
@@ -89,7 +98,6 @@ def alltoallv_direct(ctx: Ctx, send: np.ndarray, sdispl: list[int], scount: list
                      recv: np.ndarray, rdispl: list[int], rcount: list[int]) -> Program:
     """Every pair exchanges directly; posts are staggered so no rank is hit by all at once."""
     p, r = ctx.size, ctx.rank
-    recv[rdispl[r]:rdispl[r] + rcount[r]] = send[sdispl[r]:sdispl[r] + scount[r]]
     waits = []
     for s in range(1, p):
         to, frm = (r + s) % p, (r - s) % p
@@ -97,6 +105,8 @@ def alltoallv_direct(ctx: Ctx, send: np.ndarray, sdispl: list[int], scount: list
         waits.append(ctx.recv(frm, 0, recv[rdispl[frm]:rdispl[frm] + rcount[frm]],
                               what="recvcounts"))
     yield waits
+    # Last: a call that fails its check leaves recv as it was.
+    recv[rdispl[r]:rdispl[r] + rcount[r]] = send[sdispl[r]:sdispl[r] + scount[r]]
 
 
 def barrier_dissemination(ctx: Ctx) -> Program:

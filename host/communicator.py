@@ -30,6 +30,7 @@ import numpy as np
 
 from fpgaccl.errors import (
     AbortedError,
+    CollectiveMismatchError,
     CollectiveTimeoutError,
     CountMismatchError,
     DtypeMismatchError,
@@ -39,7 +40,13 @@ from fpgaccl.errors import (
 from fpgaccl.proto import programs as lib
 from fpgaccl.proto.isa import Buf, Instr, checked_program
 from fpgaccl.proto.reduce import DType, ReduceOp
-from fpgaccl.proto.signature import Kind, Signature, program_digest, tag_value
+from fpgaccl.proto.signature import (
+    Kind,
+    Signature,
+    counts_difference,
+    program_digest,
+    tag_value,
+)
 
 from . import algorithms as alg
 from .backends import Backend, open_backend
@@ -272,11 +279,23 @@ class Communicator:
         return handle if async_op else handle.wait()
 
     def _schedule(self, name: str, body: Callable[[alg.Ctx], Program], result: Any,
-                  keep: list[UserBuffer], async_op: bool, count: int | None = None) -> Any:
-        """Run a host schedule (no sequencer program) as the next collective."""
+                  keep: list[UserBuffer], async_op: bool, count: int, *, kind: Kind,
+                  dt: np.dtype, op: str | None = None, root: int | None = None,
+                  algo: tuple = (), tag: Any = None,
+                  counts: tuple[list[int], list[int]] | None = None) -> Any:
+        """Run a host schedule (no sequencer program) as the next collective; ``kind``
+        to ``tag`` make its signature as :meth:`_program`'s, ``counts`` (sendcounts,
+        recvcounts) add all-to-all-v's."""
+        tagv = _tag(tag)
         coll, call = self._next_coll()
-        job = self.impl.schedule(name, body, coll, self.deadline_s)
-        return self._handle(job, result, keep, async_op, (call, name, count))
+        dtype, rop = _dtype_of(dt), _op_of(op) if op else None
+        sig = Signature(call, kind, count, dtype, rop, root,
+                        program_digest(*algo) if algo else 0, tagv,
+                        self.rank) if self.check_calls else None
+        job = self.impl.schedule(name, body, coll, self.deadline_s, sig, counts)
+        shown = count if counts is None else sum(counts[0])
+        return self._handle(job, result, keep, async_op,
+                            (call, name, shown, dtype, rop, root, algo, tagv))
 
     def _need_schedules(self, argument: str, what: str) -> None:
         if not self.impl.host_schedules:
@@ -443,13 +462,17 @@ class Communicator:
             self._need_schedules("algo", "allreduce algo='tree'")
 
             def body(ctx: alg.Ctx) -> Program:
-                if not inplace:
-                    work[:] = sa
-                yield from alg.allreduce_tree(ctx, work, ufunc)
+                # Reduced apart: the user's buffers change only once every rank agreed.
+                acc = sa.copy()
+                yield from alg.allreduce_tree(ctx, acc, ufunc)
                 if scale is not None:
-                    scale(work, work)
+                    scale(acc, work)
+                else:
+                    work[:] = acc
 
-            return self._schedule("allreduce", body, result, [s, r], async_op, sa.size)
+            return self._schedule("allreduce", body, result, [s, r], async_op, sa.size,
+                                  kind=Kind.ALLREDUCE, dt=sa.dtype, op=op,
+                                  algo=("allreduce", algo, *avg), tag=tag)
         gen = _ALLREDUCE_PROGRAMS[algo]
         prog = _library(gen, self.rank, self.world_size)
 
@@ -508,18 +531,17 @@ class Communicator:
         self._need_schedules("algo", "reduce algo='tree'")
 
         def body(ctx: alg.Ctx) -> Program:
-            if is_root:
-                work = r.array
-                if not inplace:
-                    work[:] = sa
-            else:
-                work = sa.copy()  # the tree reduces into it; the user's buffer stays intact
+            work = sa.copy()  # the tree reduces into it; the user's buffers stay intact
             yield from alg.reduce_tree(ctx, work, ufunc, root, 0)
-            if is_root and scale is not None:
-                scale(work, work)
+            if is_root:
+                if scale is not None:
+                    scale(work, r.array)
+                else:
+                    r.array[:] = work
 
         return self._schedule("reduce", body, result, [s] + ([r] if r else []), async_op,
-                              sa.size)
+                              sa.size, kind=Kind.REDUCE, dt=sa.dtype, op=op, root=root,
+                              algo=("reduce", algo, *avg), tag=tag)
 
     def broadcast(self, buf: Any, root: int = 0, *, algo: str | None = None,
                   async_op: bool = False, tag: Any = None) -> Any:
@@ -548,7 +570,9 @@ class Communicator:
         def body(ctx: alg.Ctx) -> Program:
             yield from alg.bcast_tree(ctx, work, root, 0)
 
-        return self._schedule("broadcast", body, self._out(b, buf), [b], async_op, work.size)
+        return self._schedule("broadcast", body, self._out(b, buf), [b], async_op, work.size,
+                              kind=Kind.BROADCAST, dt=work.dtype, root=root,
+                              algo=("broadcast", algo), tag=tag)
 
     def reduce_scatter(self, sendbuf: Any, recvbuf: Any = None, op: str = "sum", *,
                        algo: str | None = None, async_op: bool = False,
@@ -740,14 +764,19 @@ class Communicator:
     def alltoallv(self, sendbuf: Any, sendcounts: Sequence[int], recvbuf: Any,
                   recvcounts: Sequence[int], sdispls: Sequence[int] | None = None,
                   rdispls: Sequence[int] | None = None, *, algo: str | None = None,
-                  async_op: bool = False) -> Any:
+                  async_op: bool = False, tag: Any = None) -> Any:
         """Per-peer counts (elements), e.g. MoE token dispatch and combine.
 
         ``algo``: ``"direct"`` (the default where the backend runs host schedules: each
         block goes as its own message, no padding) or ``"padded"`` (the default on the
         sim and board backends, and what a world mixing backends must ask for on every
         rank): a one-element allreduce (max) agrees on the largest block, then the
-        library's alltoall program moves every block padded to it."""
+        library's alltoall program moves every block padded to it.
+
+        Rank i's ``sendcounts[j]`` must equal rank j's ``recvcounts[i]``: with
+        ``check_calls``, every rank sees every rank's counts before any block lands, so a
+        pair that disagrees fails every rank with a CollectiveCountMismatchError (field
+        ``counts``)."""
         self._check_open()
         s = as_buffer(sendbuf, "sendbuf")
         sc = self._counts(sendcounts, "sendcounts")
@@ -764,26 +793,34 @@ class Communicator:
             raise InvalidArgumentError("recvbuf", "alltoallv needs a separate receive buffer")
         default = "direct" if self.impl.host_schedules else "padded"
         if self._algo("alltoallv", algo, default) == "padded":
-            return self._alltoallv_padded(s, recvbuf, sc, sd, rc, rd, async_op)
+            return self._alltoallv_padded(s, recvbuf, sc, sd, rc, rd, async_op, tag)
         self._need_schedules("algo", "alltoallv algo='direct'")
-        return self._alltoallv("alltoallv", s, recvbuf, sc, sd, rc, rd, algo, async_op, recvbuf)
+        return self._alltoallv("alltoallv", s, recvbuf, sc, sd, rc, rd, algo, async_op, recvbuf,
+                               tag)
 
     def _alltoallv_padded(self, s: UserBuffer, recvbuf: Any, sc: list[int], sd: list[int],
-                          rc: list[int], rd: list[int], async_op: bool) -> Any:
+                          rc: list[int], rd: list[int], async_op: bool, tag: Any) -> Any:
         r = as_buffer(recvbuf, "recvbuf", writable=True)
         _same_dtype(s, r)
         if max(d + c for d, c in zip(rd, rc, strict=True)) > r.array.size:
             raise CountMismatchError("recvcounts", f"{r.array.size} elements cannot hold "
                                      "the blocks")
         p, sa, ra = self.world_size, s.array, r.array
-        most = np.array([max(*sc, *rc)], np.int64)
-        self.allreduce(most, op="max")
-        blk = int(most[0])
+        # Every rank's counts (an allgather: the calls below are checked like any), so
+        # that every rank pads to the same block and sees a pair that disagrees.
+        rows = np.empty((p, 2 * p), np.int64)
+        self.allgather(np.array([*sc, *rc], np.int64), rows.reshape(-1), tag=tag)
+        if self.check_calls:
+            differs = counts_difference({i: (row[:p].tolist(), row[p:].tolist())
+                                         for i, row in enumerate(rows)})
+            if differs is not None:
+                raise CollectiveMismatchError.of("counts", *differs)
+        blk = int(rows.max())
         if blk:
             send = np.zeros(p * blk, sa.dtype)
             for j in range(p):
                 send[j * blk:j * blk + sc[j]] = sa[sd[j]:sd[j] + sc[j]]
-            got = self.alltoall(send, np.empty_like(send))
+            got = self.alltoall(send, np.empty_like(send), tag=tag)
             for i in range(p):
                 ra[rd[i]:rd[i] + rc[i]] = got[i * blk:i * blk + rc[i]]
         # Done before it returns (the programs above waited): async_op gets a finished handle.
@@ -809,7 +846,7 @@ class Communicator:
 
     def _alltoallv(self, name: str, s: UserBuffer, recvbuf: Any, sc: list[int], sd: list[int],
                    rc: list[int], rd: list[int], algo: str | None, async_op: bool,
-                   result_of: Any) -> Any:
+                   result_of: Any, tag: Any) -> Any:
         if recvbuf is None:
             r, inplace = s, True
         else:
@@ -826,8 +863,10 @@ class Communicator:
             src = sa.copy() if inplace else sa  # in place, blocks would be overwritten unsent
             yield from alg.alltoallv_direct(ctx, src, sd, sc, ra, rd, rc)
 
-        return self._schedule(name, body, self._out(r, result_of), [s, r], async_op,
-                              sum(sc))
+        # The signature's count is 0: the counts are compared whole, with every rank's.
+        return self._schedule(name, body, self._out(r, result_of), [s, r], async_op, 0,
+                              kind=Kind.ALLTOALLV, dt=s.array.dtype,
+                              algo=("alltoallv", "direct"), tag=tag, counts=(sc, rc))
 
     def run_program(self, program: Sequence[Instr], sendbuf: Any, op: str = "sum", *,
                     async_op: bool = False, tag: Any = None) -> Any:

@@ -353,16 +353,27 @@ class Engine:
             self.stats["borrow_copies"] += 1
 
     def forget_calls(self, coll_ids: Iterable[int]) -> None:
-        """Calls that failed on a signature mismatch: drop their grants and messages
-        that no program took, and those still to come (until a call reuses the id)."""
+        """Calls that failed on a signature mismatch: drop their grants, messages and
+        posted receives that no program or schedule took, and those still to come
+        (until a call reuses the id)."""
         dead = self.dead_colls
         dead.update(c & 0xFFFF for c in coll_ids)
+        self.matcher.cancel(dead)
         for qp in self.by_peer.values():
             for q in (qp.grants, qp.landed):
                 if any(e[0] in dead for e in q):
                     keep = [e for e in q if e[0] not in dead]
                     q.clear()
                     q.extend(keep)
+            if any(a.coll_id in dead for a in qp.arrived):
+                keep = []
+                for a in qp.arrived:
+                    if a.coll_id in dead and a.step & ~wire.STEP_FINAL != wire.STEP_P2P:
+                        qp.give_back(a.slot)
+                    else:
+                        keep.append(a)
+                qp.arrived.clear()
+                qp.arrived.extend(keep)
 
     def protect_all(self) -> None:
         """The borrowed memory goes back to its owner (a program ends): every message

@@ -69,7 +69,7 @@ import functools
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Collection, Generator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -89,6 +89,7 @@ from fpgaccl.proto.reduce import (
 from fpgaccl.proto.signature import (
     RECORD,
     STEP_MISMATCH,
+    STEP_RECORD,
     Signature,
     difference,
     digest_only,
@@ -353,7 +354,7 @@ class SignatureCheck:
         self.sent: list[Completion] = []      # the notices this rank sent
         self.digest = mine.digest
         self.seen = -1     # the engine's events when this call last looked
-        _drain_stale(engine, self.coll_id, software)
+        drain_stale(engine, self.coll_id, software)
         self.hdl = frozenset() if len(software) == len(engine.by_peer) else \
             frozenset(i.peer for i in program if i.op in PEER_OPS) - software
         # Notices are rare: rather than a receive posted per peer and call, they are
@@ -374,23 +375,20 @@ class SignatureCheck:
             return None
         self.seen = events
         for qp in self.rings:
-            if qp.arrived and (buf := self._arrived_notice(qp)) is not None:
+            if not qp.arrived:
+                continue
+            if (buf := take_notice(self.engine, qp, self.coll_ids)) is not None:
                 self._take_notice(buf)
+                return self.error
+            if (buf := take_notice(self.engine, qp, self.coll_ids, STEP_RECORD)) is not None:
+                # The peer runs a host schedule for this call, this rank a program.
+                theirs = Signature.unpack(buf)
+                self.error = mismatch_error(self.mine, theirs)
+                self._tell(memoryview(theirs.pack() + self.mine.pack()))
                 return self.error
         if self.asked is None:
             self._grants()
         return self.error
-
-    def _arrived_notice(self, qp: QueuePair) -> np.ndarray | None:
-        for a in qp.arrived:
-            if a.coll_id == self.coll_id and a.step & ~wire.STEP_FINAL == STEP_MISMATCH:
-                qp.arrived.remove(a)
-                start = a.slot * self.engine.matcher.slot_bytes
-                buf = np.frombuffer(bytes(qp.ring.buf[start:start + a.length]), np.uint8)
-                qp.give_back(a.slot)
-                if len(buf) == 2 * RECORD.size:
-                    return buf
-        return None
 
     def _take_notice(self, buf: np.ndarray) -> None:
         theirs = Signature.unpack(buf[RECORD.size:])
@@ -463,9 +461,6 @@ class SignatureCheck:
                 yield self.sent
             raise self.error
 
-    def close(self) -> None:
-        """Nothing to withdraw: a notice no call took is given back by a later call."""
-
 
 def mismatch_error(a: Signature, b: Signature) -> CollectiveMismatchError:
     """The error for two records that differ, ordered by rank, so that every rank
@@ -484,9 +479,26 @@ def digest_mismatch_error(rank_a: int, digest_a: int, rank_b: int,
     return CollectiveMismatchError.of("digest", (ra, rb), (f"{da:#x}", f"{db:#x}"))
 
 
-def _drain_stale(engine: Engine, coll_id: int, software: frozenset[int]) -> None:
-    """Give back the ring slots of notices of calls before ``coll_id`` that no receive
-    took (a peer set that differed, a notice after the call ended)."""
+def take_notice(engine: Engine, qp: QueuePair, coll_ids: Collection[int],
+                step: int = STEP_MISMATCH) -> np.ndarray | None:
+    """The first slot of a ring message of ``step`` (a mismatch notice, or a host
+    schedule's record) for one of ``coll_ids`` that no receive took, taken off ``qp``'s
+    arrivals (its slot given back); None if none came."""
+    for a in qp.arrived:
+        if a.coll_id in coll_ids and a.step & ~wire.STEP_FINAL == step:
+            qp.arrived.remove(a)
+            start = a.slot * engine.matcher.slot_bytes
+            buf = np.frombuffer(bytes(qp.ring.buf[start:start + a.length]), np.uint8)
+            qp.give_back(a.slot)
+            least = 2 * RECORD.size if step == STEP_MISMATCH else RECORD.size
+            return buf if len(buf) >= least else None
+    return None
+
+
+def drain_stale(engine: Engine, coll_id: int, software: frozenset[int]) -> None:
+    """Give back the ring slots of notices and schedule records of calls before
+    ``coll_id`` that no receive took (a peer set that differed, a notice after the call
+    ended, a schedule's record to a rank that ran a program)."""
     for p in software:
         qp = engine.by_peer.get(p)
         if qp is None or not qp.arrived:
@@ -494,7 +506,7 @@ def _drain_stale(engine: Engine, coll_id: int, software: frozenset[int]) -> None
         keep = []
         for a in qp.arrived:
             step = a.step & ~wire.STEP_FINAL
-            if step == STEP_MISMATCH and \
+            if step in (STEP_MISMATCH, STEP_RECORD) and \
                     0 < (coll_id - a.coll_id) & 0xFFFF < 0x8000:
                 qp.give_back(a.slot)
             else:

@@ -4,6 +4,7 @@ receive rings handed to them, in arrival order per peer."""
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 import numpy as np
@@ -48,6 +49,13 @@ class Matcher:
         comp = Completion(1, peer, f"message of step {step}")
         self.posted[peer].append(RecvOp(coll_id & 0xFFFF, step, dest, ufunc, comp, what))
         return comp
+
+    def cancel(self, coll_ids: Collection[int]) -> None:
+        """Withdraw the posted receives of calls ``coll_ids`` (they failed)."""
+        for peer, posted in self.posted.items():
+            if any(op.coll_id in coll_ids and op.step != wire.STEP_P2P for op in posted):
+                self.posted[peer] = [op for op in posted
+                                     if op.coll_id not in coll_ids or op.step == wire.STEP_P2P]
 
     def match(self) -> bool:
         """Hand arrived messages to posted receives; whether any was delivered."""

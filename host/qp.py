@@ -1087,6 +1087,9 @@ class QueuePair:
                 slot = self.w_off // self.slot_bytes
                 if step == wire.STEP_CREDIT:
                     self.free_slots.append(coll_id)
+                elif coll_id in eng.dead_colls and \
+                        step & ~wire.STEP_FINAL != wire.STEP_P2P:
+                    self.give_back(slot)   # what is left of a call that failed its check
                 else:
                     self.arrived.append(Arrival(coll_id, step, slot, self.w_len))
                     eng.arrivals_dirty = True

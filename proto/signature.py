@@ -49,6 +49,17 @@ the granting rank; both non-zero and different is a mismatch:
   :func:`digest_record` for the node in place of the record it never got.
 
 Where only digests are known, the error names the field ``digest``.
+
+Host schedules (the software engine's ``tree`` algorithms and all-to-all-v, which run
+no program and send no GRANT) check with records instead: before the first byte of a
+call goes to or comes from a peer, each rank sends that peer a schedule record
+(:func:`schedule_record`: the 32-byte record, then ``2 * world`` u64 counts, the
+sender's ``sendcounts`` and ``recvcounts``, zero outside all-to-all-v) as the ring
+message ``RING_IMM(coll_id, final=1, step=STEP_RECORD)``, and lands the peer's data
+only once the peer's record agrees. The records ride ahead of the data on each queue
+pair, so they cost no round trip. With the counts of every rank (all-to-all-v talks to
+all), every rank checks the whole count matrix (:func:`counts_difference`) before it
+takes a byte, so a pair that disagrees fails every rank alike.
 """
 
 from __future__ import annotations
@@ -57,6 +68,7 @@ import functools
 import hashlib
 import struct
 import zlib
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from enum import IntEnum
 
@@ -68,6 +80,9 @@ NONE_ROOT = 0xFFFF
 NONE_OP = 0xF
 STEP_MISMATCH = 0x7FFC
 """RING_IMM step of a mismatch notice: the offending record, then the detector's."""
+STEP_RECORD = 0x7FFD
+"""RING_IMM step of a host schedule's record (:func:`schedule_record`)."""
+COUNT = struct.Struct(">Q")
 
 
 class Kind(IntEnum):
@@ -81,6 +96,7 @@ class Kind(IntEnum):
     GATHER = 8
     SCATTER = 9
     BARRIER = 10
+    ALLTOALLV = 11
 
 
 @functools.lru_cache(maxsize=256)
@@ -180,6 +196,39 @@ def digest_only(data: bytes | memoryview) -> tuple[int, int] | None:
     return (digest, rank) if kind == 0 else None
 
 
-__all__ = ["FIELDS", "NONE_OP", "NONE_ROOT", "RECORD", "STEP_MISMATCH",
-           "Kind", "Signature", "difference", "digest_only", "digest_record", "program_digest",
-           "tag_value", "with_rank"]
+def schedule_record(sig: Signature, world: int, sendcounts: Sequence[int] | None = None,
+                    recvcounts: Sequence[int] | None = None) -> bytes:
+    """A host schedule's record: ``sig``, then ``world`` sendcounts and ``world``
+    recvcounts (u64; zeros where the call has none)."""
+    counts = [0] * (2 * world) if sendcounts is None else [*sendcounts, *recvcounts]
+    return sig.pack() + struct.pack(f">{2 * world}Q", *counts)
+
+
+def schedule_record_bytes(world: int) -> int:
+    return RECORD.size + 2 * world * COUNT.size
+
+
+def schedule_counts(data: bytes | memoryview, world: int) -> tuple[tuple[int, ...],
+                                                                    tuple[int, ...]]:
+    """(sendcounts, recvcounts) of a :func:`schedule_record`."""
+    counts = struct.unpack_from(f">{2 * world}Q", data, RECORD.size)
+    return counts[:world], counts[world:]
+
+
+def counts_difference(rows: Mapping[int, tuple[Sequence[int], Sequence[int]]]
+                      ) -> tuple[tuple[int, int], tuple[str, str]] | None:
+    """The first pair of ranks whose per-peer counts disagree (rank i's sendcounts[j]
+    against rank j's recvcounts[i]), from every rank's (sendcounts, recvcounts), in rank
+    order so that every rank names the same pair: ((i, j), what each passed)."""
+    for i in sorted(rows):
+        for j in sorted(rows):
+            sent, expected = rows[i][0][j], rows[j][1][i]
+            if i != j and sent != expected:
+                return (i, j), (f"sends {sent} to rank {j}", f"expects {expected} from rank {i}")
+    return None
+
+
+__all__ = ["COUNT", "FIELDS", "NONE_OP", "NONE_ROOT", "RECORD", "STEP_MISMATCH", "STEP_RECORD",
+           "Kind", "Signature", "counts_difference", "difference", "digest_only",
+           "digest_record", "program_digest", "schedule_counts", "schedule_record",
+           "schedule_record_bytes", "tag_value", "with_rank"]

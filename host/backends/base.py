@@ -118,8 +118,12 @@ class Backend(Protocol):
         """Run ``run.program`` over each of ``run.segments`` in order."""
 
     def schedule(self, name: str, body: Callable[[Any], Program], coll_id: int,
-                 deadline_s: float) -> Pending:
-        """Run a host schedule: ``body`` gets a context posting transfers as ``coll_id``."""
+                 deadline_s: float, signature: Signature | None = None,
+                 counts: tuple[Sequence[int], Sequence[int]] | None = None) -> Pending:
+        """Run a host schedule: ``body`` gets a context posting transfers as ``coll_id``.
+        With a ``signature`` (and all-to-all-v's ``counts``: sendcounts, recvcounts),
+        peers' data lands only once their signatures agree
+        (:mod:`fpgaccl.host.schedule_check`)."""
 
     def send(self, peer: int, seq: int, data: np.ndarray, deadline_s: float) -> Pending: ...
 

@@ -33,6 +33,7 @@ from fpgaccl.proto.isa import PEER_OPS, Buf, Instr, assemble
 from fpgaccl.proto.plans import Writes, collective_writes
 from fpgaccl.proto.reduce import DType, ReduceOp
 from fpgaccl.proto.regmap import RegisterMap, StopCause
+from fpgaccl.proto.signature import Signature
 
 from ..executor import digest_mismatch_error
 from .base import Finished, Pending, Program, ProgramRun, Segment
@@ -175,7 +176,8 @@ class RegisterBackend:
         self.total_cycles += self.last_cycles
 
     def schedule(self, name: str, body: Callable[[Any], Program], coll_id: int,
-                 deadline_s: float) -> Finished:
+                 deadline_s: float, signature: Signature | None = None,
+                 counts: tuple[Sequence[int], Sequence[int]] | None = None) -> Finished:
         raise UnsupportedError("algo", f"{name}: the {self.name} backend runs sequencer "
                                "programs only; host schedules have none")
 

@@ -12,7 +12,7 @@ import contextlib
 import socket
 import warnings
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,7 @@ import numpy as np
 from fpgaccl.proto.drops import DropReason
 from fpgaccl.proto.isa import Buf
 from fpgaccl.proto.opcodes import ROCEV2_UDP_PORT
+from fpgaccl.proto.signature import Signature
 
 from .. import algorithms as alg
 from .. import wire
@@ -37,6 +38,7 @@ from ..link import ImpairedLink
 from ..pcap import PcapWriter
 from ..rendezvous import bind_ip as choose_bind_ip
 from ..rendezvous import exchange, master
+from ..schedule_check import ScheduleCheck
 from .base import Program, ProgramRun
 
 
@@ -227,17 +229,26 @@ class SoftwareBackend:
                     raise sig.error from None
                 raise
             finally:
-                if sig is not None:
-                    sig.close()
-                    if sig.error is not None:
-                        engine.forget_calls(s.coll_id for s in run.segments)
+                if sig is not None and sig.error is not None:
+                    engine.forget_calls(s.coll_id for s in run.segments)
 
         return engine.submit(run.name, job(), deadline_s)
 
     def schedule(self, name: str, body: Callable[[alg.Ctx], Program], coll_id: int,
-                 deadline_s: float) -> Job:
-        ctx = alg.Ctx(self.engine, self.rank, self.world_size, coll_id)
-        return self.engine.submit(name, body(ctx), deadline_s)
+                 deadline_s: float, signature: Signature | None = None,
+                 counts: tuple[Sequence[int], Sequence[int]] | None = None) -> Job:
+        engine = self.engine
+        ctx = alg.Ctx(engine, self.rank, self.world_size, coll_id)
+        if signature is None:
+            return engine.submit(name, body(ctx), deadline_s)
+
+        def job() -> Program:
+            # Built on the engine thread, which alone posts to the queue pairs.
+            ctx.check = ScheduleCheck(engine, coll_id, signature, self.world_size,
+                                      self.software_peers, counts)
+            yield from ctx.check.run(body(ctx))
+
+        return engine.submit(name, job(), deadline_s)
 
     def send(self, peer: int, seq: int, data: np.ndarray, deadline_s: float) -> Job:
         engine = self.engine

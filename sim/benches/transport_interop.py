@@ -42,6 +42,7 @@ class StubEngine:
         self.mrs: dict[int, MemoryRegion] = {}
         self.arrivals_dirty = False
         self.events = 0      # GRANTs and ring messages taken (Engine.events)
+        self.dead_colls: set[int] = set()   # calls that failed their check (Engine)
         self.failed: BaseException | None = None
         self.borrowed: dict = {}  # no borrowed SENDs here: every message owns its bytes
         self.outbox: list[bytes] = []

@@ -7,7 +7,7 @@ Communicator drives it unchanged."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -16,6 +16,7 @@ from fpgaccl.errors import CountMismatchError, UnsupportedError
 from fpgaccl.host.backends.base import Finished, Program, ProgramRun
 from fpgaccl.host.backends.registers import StagingArea
 from fpgaccl.proto.drops import DropReason
+from fpgaccl.proto.signature import Signature
 from fpgaccl.sim.models.sequencer import SequencerModel
 
 
@@ -72,7 +73,8 @@ class LoopbackBackend:
         return Finished(run.name, deadline_s)
 
     def schedule(self, name: str, body: Callable[[Any], Program], coll_id: int,
-                 deadline_s: float) -> Finished:
+                 deadline_s: float, signature: Signature | None = None,
+                 counts: tuple[Sequence[int], Sequence[int]] | None = None) -> Finished:
         raise UnsupportedError("algo", "the loopback backend runs sequencer programs only")
 
     def send(self, peer: int, seq: int, data: np.ndarray, deadline_s: float) -> Finished:

@@ -32,6 +32,7 @@ class _Engine(_Recorder):
         self.borrowed = {}
         self.seq_due = self.arrivals_dirty = False
         self.events = 0
+        self.dead_colls: set[int] = set()
 
     def drop(self, reason: DropReason) -> None:
         self.drops[reason] += 1

@@ -23,18 +23,21 @@ WORLD = 4
 
 
 def _call(comm, what: str, n: list[int], dtype: list[str], op: list[str], root: list[int],
-          tag: list) -> tuple:
+          tag: list, algo: list, counts: list) -> tuple:
     r = comm.rank
     x = (np.arange(n[r]) % 7 + r).astype(dtype[r])
     y = np.full_like(x, 99)
     xs, ys = x.copy(), y.copy()
     try:
         if what == "allreduce":
-            comm.allreduce(x, y, op=op[r], tag=tag[r])
+            comm.allreduce(x, y, op=op[r], tag=tag[r], algo=algo[r])
         elif what == "reduce":
-            comm.reduce(x, y, op=op[r], root=root[r])
+            comm.reduce(x, y, op=op[r], root=root[r], algo=algo[r])
         elif what == "broadcast":
-            comm.broadcast(x, root=root[r])
+            comm.broadcast(x, root=root[r], algo=algo[r])
+        elif what == "alltoallv":
+            sc, rc = counts[r]
+            comm.alltoallv(x, sc, y, rc, algo=algo[r])
         else:  # two async allreduces, in an order of the rank's own
             # Untagged: the two differ in count; tagged: in their tags alone.
             a, b = (x[:n[r] // 2] if tag[r][0] is None else x).copy(), x.copy()
@@ -59,10 +62,12 @@ def _call(comm, what: str, n: list[int], dtype: list[str], op: list[str], root: 
     return ("ok",)
 
 
-def _world(what: str, *, n=None, dtype=None, op=None, root=None, tag=None) -> list[tuple]:
+def _world(what: str, *, n=None, dtype=None, op=None, root=None, tag=None, algo=None,
+           counts=None) -> list[tuple]:
     res = run_world(WORLD, _call, what=what, n=n or [1000] * WORLD,
                     dtype=dtype or ["float32"] * WORLD, op=op or ["sum"] * WORLD,
-                    root=root or [0] * WORLD, tag=tag or [None] * WORLD, timeout=20,
+                    root=root or [0] * WORLD, tag=tag or [None] * WORLD,
+                    algo=algo or [None] * WORLD, counts=counts, timeout=20,
                     comm_kw={"deadline_s": 8, "check_calls": True}, _close=False)
     out = [res[r] for r in range(WORLD)]
     assert all(s == "ok" for s, _ in out), out
@@ -110,6 +115,56 @@ def test_tags_tell_apart_calls_that_look_alike() -> None:
     # Same count both times: only the tags differ between the two orders.
     got = _world("async", n=[2] * WORLD, tag=[["a", "b"], ["b", "a"]] * 2)
     _all_fail([(*g, True) if len(g) == 1 else g for g in got], "tag")
+
+
+def test_a_tree_allreduce_checks_its_signature_too() -> None:
+    """Host schedules send no GRANT: their ranks exchange records ahead of the data."""
+    got = _world("allreduce", op=["sum", "sum", "max", "sum"], algo=["tree"] * WORLD)
+    _all_fail(got, "op")
+    got = _world("allreduce", dtype=["float32", "int32", "float32", "float32"],
+                 algo=["tree"] * WORLD)
+    _all_fail(got, "dtype")
+
+
+def test_a_tree_reduce_fails_every_rank_it_leaves_waiting() -> None:
+    """A leaf whose parent agrees with it has nothing to wait for once its data is
+    sent; a non-root reduce has no result to get wrong. Every other rank fails."""
+    got = _world("reduce", dtype=["float32", "int32", "float32", "float32"],
+                 algo=["tree"] * WORLD)
+    failed = [g for g in got if g != ("ok",)]
+    _all_fail(failed, "dtype")
+    assert got[0] != ("ok",) and got[1] != ("ok",), got   # the root, and the odd rank
+
+
+@pytest.mark.parametrize("algos", [("rd", "ring"), ("ring", "tree")])
+def test_ranks_that_choose_different_algorithms_fail_on_every_rank(algos) -> None:
+    """Two programs, or a program on some ranks and a host schedule on others."""
+    got = _world("allreduce", algo=[algos[0], algos[0], algos[1], algos[0]])
+    _all_fail(got, "program")
+
+
+def _counts(p: int) -> list[tuple[list[int], list[int]]]:
+    """Rank i sends (i + j) % 3 + 1 elements to rank j."""
+    send = [[(i + j) % 3 + 1 for j in range(p)] for i in range(p)]
+    return [(send[i], [send[j][i] for j in range(p)]) for i in range(p)]
+
+
+@pytest.mark.parametrize("algo", ["direct", "padded"])
+def test_alltoallv_per_peer_counts_that_do_not_pair_fail_on_every_rank(algo: str) -> None:
+    counts = _counts(WORLD)
+    sc, rc = counts[3]
+    counts[3] = ([*sc[:1], sc[1] + 1, *sc[2:]], rc)   # rank 1 expects one element less
+    got = _world("alltoallv", n=[16] * WORLD, counts=counts, algo=[algo] * WORLD)
+    _all_fail(got, "counts")
+    # Every rank holds every rank's counts, so all name the same pair.
+    assert {(g[2], g[3]) for g in got} == {((3, 1), ("sends 3 to rank 1",
+                                                       "expects 2 from rank 3"))}, got
+    assert got[0][0] == "CollectiveCountMismatchError"
+
+
+def test_alltoallv_with_counts_that_pair_runs() -> None:
+    got = _world("alltoallv", n=[16] * WORLD, counts=_counts(WORLD), algo=["direct"] * WORLD)
+    assert got == [("ok",)] * WORLD
 
 
 def test_the_record_round_trips_and_names_the_first_difference() -> None:
