@@ -217,6 +217,16 @@ MISMATCH_SCRIPT = textwrap.dedent("""
         except CollectiveMismatchError as e:
             out[case] = [type(e).__name__, e.field, list(e.ranks), list(e.values),
                          bool(np.array_equal(x, xs) and np.array_equal(y, ys))]
+    # Per-peer counts: rank i sends (i + j) % 3 + 1 to rank j; rank 3 sends rank 1 one more.
+    sc = [(r + j) % 3 + 1 + (r == 3 and j == 1) for j in range(4)]
+    rc = [(i + r) % 3 + 1 for i in range(4)]
+    x, y = np.arange(16, dtype=np.int32), np.full(16, 7, np.int32)
+    try:
+        comm.alltoallv(x, sc, y, rc)
+        out["counts"] = ["returned"]
+    except CollectiveMismatchError as e:
+        out["counts"] = [type(e).__name__, e.field, list(e.ranks), list(e.values),
+                         bool(np.array_equal(x, np.arange(16)) and (y == 7).all())]
     x = np.arange(100, dtype=np.int32) + r
     out["after"] = comm.allreduce(x, np.empty_like(x)).tolist()
     with open(f"{sys.argv[1]}/rank{r}.json", "w") as f:
@@ -226,8 +236,8 @@ MISMATCH_SCRIPT = textwrap.dedent("""
 
 @pytest.mark.slow
 def test_ranks_that_disagree_fail_alike_on_sim(cluster, tmp_path):
-    """Issue 28 on the sim backend: op, dtype (of the same size) and count differences
-    raise CollectiveMismatchError on every rank, naming the field and both sides, with
+    """Issue 28 on the sim backend: op, dtype (of the same size), count and alltoallv
+    per-peer count differences raise CollectiveMismatchError on every rank, naming the field and both sides, with
     no buffer written; the world goes on. The simulation server compares the ranks'
     signatures before it rings any node."""
     script = tmp_path / "mismatch.py"
@@ -240,7 +250,8 @@ def test_ranks_that_disagree_fail_alike_on_sim(cluster, tmp_path):
     assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}"
     got = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(WORLD)]
     want = {"op": ([0, 2], ["sum", "max"]), "dtype": ([0, 1], ["int32", "float32"]),
-            "count": ([0, 3], ["100", "99"])}
+            "count": ([0, 3], ["100", "99"]),
+            "counts": ([3, 1], ["sends 3 to rank 1", "expects 2 from rank 3"])}
     for r in range(WORLD):
         for case, (ranks, values) in want.items():
             name, field, e_ranks, e_values, unchanged = got[r][case]
