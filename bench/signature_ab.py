@@ -30,7 +30,7 @@ from common import REPO, write_results
 sys.path.insert(0, str(REPO))
 from tests.host._world import run_world
 
-SIZES = {"8": 8, "1M": 1 << 20, "64M": 64 << 20}
+SIZES = {"8": 8, "64K": 64 << 10, "1M": 1 << 20, "16M": 16 << 20, "64M": 64 << 20}
 
 
 def _cpu_s() -> float:

@@ -65,6 +65,7 @@ class ScheduleCheck:
         self.error: CollectiveMismatchError | None = None
         self.notices: list[Completion] = []
         self.seen = -1
+        self.settled = False   # every record met has come and agreed
         self.rings = [q for p in sorted(software) if (q := engine.by_peer.get(p))]
         engine.dead_colls.discard(self.coll_id)   # an id reused after 2**16 calls
         if self.everyone:
@@ -77,6 +78,7 @@ class ScheduleCheck:
         receive for its own."""
         if peer in self.met:
             return
+        self.settled = False
         buf = np.empty(schedule_record_bytes(self.world), np.uint8)
         got = self.engine.recv(peer, self.coll_id, STEP_RECORD, buf, None, "signature record")
         self.met[peer] = (got, buf)
@@ -87,24 +89,9 @@ class ScheduleCheck:
         notice that came."""
         if self.error is not None:
             return self.error
-        for p, (got, buf) in self.met.items():
-            if p in self.agreed or not got.done:
-                continue
-            if got.error is not None:   # not a record of this world's shape
-                self._fail(digest_mismatch_error(p, 0, self.mine.rank, self.mine.digest))
-                return self.error
-            theirs = Signature.unpack(buf)
-            if theirs.digest != self.mine.digest:
-                self._fail(mismatch_error(self.mine, theirs), theirs)
-                return self.error
-            self.agreed.add(p)
-            if self.everyone:
-                self.rows[p] = schedule_counts(buf, self.world)
-        if self.everyone and len(self.rows) == self.world:
-            differs = counts_difference(self.rows)
-            if differs is not None:
-                # Every rank holds the same matrix and names the same pair: no notice.
-                self.error = CollectiveMismatchError.of("counts", *differs)
+        if not self.settled:
+            self._compare()
+            if self.error is not None:
                 return self.error
         events = self.engine.events
         if events != self.seen:
@@ -115,6 +102,31 @@ class ScheduleCheck:
                     self.error = _notice_error(buf)
                     break
         return self.error
+
+    def _compare(self) -> None:
+        """Compare the records that came since the last look."""
+        for p, (got, buf) in self.met.items():
+            if p in self.agreed or not got.done:
+                continue
+            if got.error is not None:   # not a record of this world's shape
+                self._fail(digest_mismatch_error(p, 0, self.mine.rank, self.mine.digest))
+                return
+            theirs = Signature.unpack(buf)
+            if theirs.digest != self.mine.digest:
+                self._fail(mismatch_error(self.mine, theirs), theirs)
+                return
+            self.agreed.add(p)
+            if self.everyone:
+                self.rows[p] = schedule_counts(buf, self.world)
+        if self.everyone and len(self.rows) == self.world:
+            differs = counts_difference(self.rows)
+            if differs is not None:
+                # Every rank holds the same matrix and names the same pair: no notice.
+                self.error = CollectiveMismatchError.of("counts", *differs)
+                return
+        # Until the schedule meets another peer, only a notice can change the verdict.
+        self.settled = len(self.agreed) == len(self.met) and \
+            (not self.everyone or len(self.rows) == self.world)
 
     def _fail(self, error: CollectiveMismatchError, theirs: Signature | None = None) -> None:
         self.error = error
