@@ -177,3 +177,45 @@ def run_all(comm: Any, seed: int, big: bool = False) -> dict[str, Any]:
     comm.barrier()
     return {"fails": fails, "digest": digest.hexdigest(), "drops": comm.drop_counters(),
             "stats": comm.stats()}
+
+
+def overlapping_round(comm: Any, a: Any, b: Any, i: int) -> dict[str, bytes]:
+    """Round ``i`` of the overlapping sub-communicator workload (issue 28), on world rank
+    ``comm.rank``: ``a`` (world ranks 0-2, or None) allreduces and allgathers, ``b``
+    (ranks 1-3, or None) allreduces max, async, in opposite orders across the two on
+    alternate ranks and rounds, beside a world allreduce. Within a communicator every
+    rank keeps one order. Every result, as bytes (see :func:`overlapping_want`)."""
+    r = comm.rank
+    rng = np.random.default_rng(1000 * i + r)
+    xa = rng.integers(-1 << 20, 1 << 20, 257, dtype=np.int64)
+    xb = rng.standard_normal(64).astype(np.float32)
+    on_a, on_b = [], []
+    if a is not None:
+        g = np.empty(64 * a.world_size, np.float32)
+        on_a.append(("a", lambda: a.allreduce(xa.copy(), async_op=True)))
+        on_a.append(("ag", lambda: a.allgather(xb, g, async_op=True)))
+    if b is not None:
+        on_b.append(("b", lambda: b.allreduce(xa.copy(), op="max", async_op=True)))
+    # Rank 1 issues a's calls first where rank 2 issues b's; each engine runs in order.
+    calls = on_b + on_a if (r + i) % 2 else on_a + on_b
+    handles = [(name, call()) for name, call in calls]
+    whole = comm.allreduce(xa.copy(), async_op=True)
+    got = {name: h.wait() for name, h in reversed(handles)}
+    got["world"] = whole.wait()
+    return {k: v.tobytes() for k, v in got.items()}
+
+
+def overlapping_want(i: int, rank: int) -> dict[str, bytes]:
+    """What :func:`overlapping_round` ``i`` returns on ``rank`` of a world of 4."""
+    xa, xb = [], []
+    for r in range(4):
+        rng = np.random.default_rng(1000 * i + r)
+        xa.append(rng.integers(-1 << 20, 1 << 20, 257, dtype=np.int64))
+        xb.append(rng.standard_normal(64).astype(np.float32))
+    want = {"world": sum(xa).tobytes()}
+    if rank in (0, 1, 2):
+        want["a"] = (xa[0] + xa[1] + xa[2]).tobytes()
+        want["ag"] = np.concatenate(xb[:3]).tobytes()
+    if rank in (1, 2, 3):
+        want["b"] = np.maximum(np.maximum(xa[1], xa[2]), xa[3]).tobytes()
+    return want

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -22,6 +23,8 @@ from fpgaccl.errors import BackendUnavailableError, UnsupportedError
 from fpgaccl.host import Communicator
 from fpgaccl.host.backends.sim import SOCKET_ENV
 from fpgaccl.sim.server import build_env
+
+from .cases import overlapping_want
 
 WORLD = 4
 
@@ -237,9 +240,9 @@ MISMATCH_SCRIPT = textwrap.dedent("""
 @pytest.mark.slow
 def test_ranks_that_disagree_fail_alike_on_sim(cluster, tmp_path):
     """Issue 28 on the sim backend: op, dtype (of the same size), count and alltoallv
-    per-peer count differences raise CollectiveMismatchError on every rank, naming the field and both sides, with
-    no buffer written; the world goes on. The simulation server compares the ranks'
-    signatures before it rings any node."""
+    per-peer count differences raise CollectiveMismatchError on every rank, naming the
+    field and both sides, with no buffer written; the world goes on. The simulation
+    server compares the ranks' signatures before it rings any node."""
     script = tmp_path / "mismatch.py"
     script.write_text(MISMATCH_SCRIPT)
     proc = subprocess.run(
@@ -284,30 +287,15 @@ SPLIT_SCRIPT = textwrap.dedent("""
     import fpgaccl
     from fpgaccl.errors import CollectiveMismatchError
 
+    sys.path.insert(0, sys.argv[3])   # the checkout: its tests' shared workload
+    from tests.host.cases import overlapping_round
+
     comm = fpgaccl.init()
     r, iterations = comm.rank, int(sys.argv[2])
     a = comm.split(0 if r in (0, 1, 2) else None)          # ranks 0, 1, 2
     b = comm.split(0 if r in (1, 2, 3) else None, key=-r)  # ranks 3, 2, 1
-    out = []
-    for i in range(iterations):
-        rng = np.random.default_rng(1000 * i + r)
-        xa = rng.integers(-1 << 20, 1 << 20, 257, dtype=np.int64)
-        xb = rng.standard_normal(64).astype(np.float32)
-        on_a, on_b = [], []   # within a communicator, every rank keeps one order
-        if a is not None:
-            g = np.empty(64 * a.world_size, np.float32)
-            on_a.append(("a", lambda xa=xa: a.allreduce(xa.copy(), async_op=True)))
-            on_a.append(("ag", lambda xb=xb, g=g: a.allgather(xb, g, async_op=True)))
-        if b is not None:
-            on_b.append(("b", lambda xa=xa: b.allreduce(xa.copy(), op="max",
-                                                        async_op=True)))
-        # Opposite orders across communicators, swapped every iteration.
-        calls = on_b + on_a if (r + i) % 2 else on_a + on_b
-        handles = [(name, call()) for name, call in calls]
-        whole = comm.allreduce(xa.copy(), async_op=True)
-        got = {name: h.wait() for name, h in reversed(handles)}
-        got["world"] = whole.wait()
-        out.append({k: v.tobytes().hex() for k, v in got.items()})
+    out = [{k: v.hex() for k, v in overlapping_round(comm, a, b, i).items()}
+           for i in range(iterations)]
     mismatch = None
     if b is not None:   # a sub-communicator checks its own calls
         x = np.arange(10, dtype=np.int32)
@@ -339,24 +327,17 @@ def test_overlapping_sub_communicators_in_opposite_orders_complete_on_sim(cluste
     proc = subprocess.run(
         [sys.executable, "-m", "fpgaccl.host.cli", "run", "-n", str(WORLD), "--backend",
          "sim", "--timeout", "300", "--", sys.executable, str(script), str(tmp_path),
-         str(iterations)], capture_output=True, text=True, timeout=400,
+         str(iterations), str(Path(__file__).parents[2])], capture_output=True, text=True,
+        timeout=400,
         env={**os.environ, **build_env(*cluster), "FPGACCL_CHECK_CALLS": "1"})
     assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}"
     got = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(WORLD)]
     assert [g["ranks"] for g in got] == [[[0, 3], None], [[1, 3], [2, 3]],
                                          [[2, 3], [1, 3]], [None, [0, 3]]]
     for i in range(iterations):
-        xa, xb = [], []
         for r in range(WORLD):
-            rng = np.random.default_rng(1000 * i + r)
-            xa.append(rng.integers(-1 << 20, 1 << 20, 257, dtype=np.int64))
-            xb.append(rng.standard_normal(64).astype(np.float32))
-        want = {"world": sum(xa), "a": xa[0] + xa[1] + xa[2],
-                "ag": np.concatenate(xb[:3]), "b": np.maximum(np.maximum(xa[1], xa[2]), xa[3])}
-        for r in range(WORLD):
-            names = ["world"] + (["a", "ag"] if r < 3 else []) + (["b"] if r > 0 else [])
-            for name in names:
-                assert got[r]["out"][i][name] == want[name].tobytes().hex(), (i, r, name)
+            want = {k: v.hex() for k, v in overlapping_want(i, r).items()}
+            assert got[r]["out"][i] == want, (i, r)
     # b's rank 1 (world rank 2) asked for max, its ranks 0 and 2 for sum.
     assert got[0]["mismatch"] is None
     for r in (1, 2, 3):
