@@ -41,15 +41,13 @@ class Ctx:
     def send(self, peer: int, step: int, arr: np.ndarray) -> Any:
         if self.check is None:
             return self.engine.send(peer, self.coll_id, step, memoryview(_bytes(arr)))
-        return self.check.sent(
-            peer, lambda: self.engine.send(peer, self.coll_id, step, memoryview(_bytes(arr))))
+        return self.check.send(peer, step, memoryview(_bytes(arr)))
 
     def recv(self, peer: int, step: int, dest: np.ndarray, ufunc: Any | None = None,
              what: str = "recvbuf") -> Any:
         if self.check is None:
             return self.engine.recv(peer, self.coll_id, step, dest, ufunc, what)
-        return self.check.gated(
-            peer, lambda: self.engine.recv(peer, self.coll_id, step, dest, ufunc, what))
+        return self.check.recv(peer, step, dest, ufunc, what)
 
 
 def _bytes(arr: np.ndarray) -> np.ndarray:
@@ -98,12 +96,11 @@ def alltoallv_direct(ctx: Ctx, send: np.ndarray, sdispl: list[int], scount: list
                      recv: np.ndarray, rdispl: list[int], rcount: list[int]) -> Program:
     """Every pair exchanges directly; posts are staggered so no rank is hit by all at once."""
     p, r = ctx.size, ctx.rank
-    waits = []
-    for s in range(1, p):
-        to, frm = (r + s) % p, (r - s) % p
-        waits.append(ctx.send(to, 0, send[sdispl[to]:sdispl[to] + scount[to]]))
-        waits.append(ctx.recv(frm, 0, recv[rdispl[frm]:rdispl[frm] + rcount[frm]],
-                              what="recvcounts"))
+    # Sends first: with a check, each then carries this rank's record to its peer.
+    waits = [ctx.send(to, 0, send[sdispl[to]:sdispl[to] + scount[to]])
+             for to in ((r + s) % p for s in range(1, p))]
+    waits += [ctx.recv(frm, 0, recv[rdispl[frm]:rdispl[frm] + rcount[frm]], what="recvcounts")
+              for frm in ((r - s) % p for s in range(1, p))]
     yield waits
     # Last: a call that fails its check leaves recv as it was.
     recv[rdispl[r]:rdispl[r] + rcount[r]] = send[sdispl[r]:sdispl[r] + scount[r]]

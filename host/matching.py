@@ -16,20 +16,36 @@ from .qp import Arrival, Completion, QueuePair
 
 
 class RecvOp:
-    """A posted receive: where the messages of one transfer go and how they combine."""
+    """A posted receive: where the messages of one transfer go and how they combine; or,
+    without ``dest``, a take: the first message itself, its ring slot held (``taken``)
+    until the taker gives it back."""
 
-    __slots__ = ("coll_id", "completion", "dest", "nbytes", "off", "step", "ufunc", "what")
+    __slots__ = ("coll_id", "completion", "dest", "nbytes", "off", "step", "taken", "ufunc",
+                 "what")
 
-    def __init__(self, coll_id: int, step: int, dest: np.ndarray, ufunc: Any | None,
+    def __init__(self, coll_id: int, step: int, dest: np.ndarray | None, ufunc: Any | None,
                  completion: Completion, what: str) -> None:
         self.coll_id = coll_id
         self.step = step
         self.dest = dest
-        self.nbytes = dest.nbytes
+        self.nbytes = 0 if dest is None else dest.nbytes
         self.ufunc = ufunc
         self.off = 0
         self.completion = completion
         self.what = what
+        self.taken: Arrival | None = None
+
+
+def land(dest: np.ndarray, ufunc: Any | None, off: int, src: np.ndarray) -> None:
+    """Bytes ``src`` of a transfer, at byte ``off`` of ``dest``: copied, or combined into
+    it with ``ufunc``."""
+    end = off + len(src)
+    if ufunc is None:
+        dest.view(np.uint8).reshape(-1)[off:end] = src
+    else:
+        isz = dest.itemsize
+        d = dest[off // isz:end // isz]
+        ufunc(d, src.view(dest.dtype), out=d)
 
 
 class Matcher:
@@ -49,6 +65,12 @@ class Matcher:
         comp = Completion(1, peer, f"message of step {step}")
         self.posted[peer].append(RecvOp(coll_id & 0xFFFF, step, dest, ufunc, comp, what))
         return comp
+
+    def take(self, peer: int, coll_id: int, step: int, what: str) -> RecvOp:
+        """Post a take of ``peer``'s next message of ``(coll_id, step)`` (one ring slot)."""
+        op = RecvOp(coll_id & 0xFFFF, step, None, None, Completion(1, peer, what), what)
+        self.posted[peer].append(op)
+        return op
 
     def cancel(self, coll_ids: Collection[int]) -> None:
         """Withdraw the posted receives of calls ``coll_ids`` (they failed)."""
@@ -75,6 +97,11 @@ class Matcher:
                     keep.append(a)
                     continue
                 delivered = True
+                if op.dest is None:
+                    op.taken = a
+                    op.completion.finish_one()
+                    posted.remove(op)
+                    continue
                 try:
                     self._deliver(qp, op, a)
                 except FpgacclError as e:
@@ -93,12 +120,7 @@ class Matcher:
             if end > op.nbytes:
                 raise CountMismatchError(op.what, f"peer {qp.peer} sent more than the "
                                          f"{op.nbytes} bytes expected")
-            if op.ufunc is None:
-                op.dest.view(np.uint8).reshape(-1)[op.off:end] = src
-            else:
-                isz = op.dest.itemsize
-                d = op.dest[op.off // isz:end // isz]
-                op.ufunc(d, src.view(op.dest.dtype), out=d)
+            land(op.dest, op.ufunc, op.off, src)
             op.off = end
             if a.step & wire.STEP_FINAL:
                 if op.off != op.nbytes:

@@ -1,7 +1,8 @@
 """The call signature check of a host schedule (:mod:`fpgaccl.host.algorithms`), on the
-engine thread: schedules send no GRANT to carry a digest, so each rank sends every peer
-it talks to a schedule record (:func:`fpgaccl.proto.signature.schedule_record`) ahead
-of its data, and lands a peer's data only once that peer's record agrees.
+engine thread. Schedules send no GRANT to carry a digest, so the first message a rank
+sends each peer in a call starts with its schedule record
+(:func:`fpgaccl.proto.signature.schedule_record`), and a rank lands a peer's data only
+once that peer's record agrees:
 
 * A peer's record that differs fails the call on both ranks of the pair (each holds
   both records), and the detector tells its other software peers with a mismatch
@@ -20,12 +21,12 @@ of its data, and lands a peer's data only once that peer's record agrees.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Generator, Sequence
 from typing import Any
 
 import numpy as np
 
-from fpgaccl.errors import CollectiveMismatchError
+from fpgaccl.errors import CollectiveMismatchError, CountMismatchError
 from fpgaccl.proto.signature import (
     RECORD,
     STEP_MISMATCH,
@@ -34,13 +35,15 @@ from fpgaccl.proto.signature import (
     counts_difference,
     digest_only,
     schedule_counts,
+    schedule_data,
     schedule_record,
     schedule_record_bytes,
 )
 
 from .engine import Engine
-from .executor import digest_mismatch_error, mismatch_error, take_notice
-from .qp import Completion
+from .executor import digest_mismatch_error, drain_stale, mismatch_error, take_notice
+from .matching import RecvOp, land
+from .qp import Arrival, Completion, QueuePair
 
 
 class ScheduleCheck:
@@ -56,34 +59,73 @@ class ScheduleCheck:
         self.mine = mine
         self.world = world
         self.software = software
-        self.record = memoryview(schedule_record(mine, world, *(counts or ())))
+        self.record = np.frombuffer(schedule_record(mine, world, *(counts or ())), np.uint8)
+        self.size = schedule_record_bytes(world)
+        self.alone = memoryview(self.record)   # the record without data
         self.everyone = counts is not None
         self.rows: dict[int, tuple[Sequence[int], Sequence[int]]] = \
             {mine.rank: counts} if counts is not None else {}
-        self.met: dict[int, tuple[Completion, np.ndarray]] = {}
+        self.takes: dict[int, RecvOp] = {}     # each peer's record, taken whole
+        self.told: set[int] = set()             # peers sent this rank's record
         self.agreed: set[int] = set()
+        self.data: dict[int, tuple[QueuePair, Arrival, int]] = {}
+        """A peer's first data message that came inside its record, held in its ring
+        slot for this rank's first receive from that peer."""
+        self.received: set[int] = set()         # peers a receive was posted for
         self.error: CollectiveMismatchError | None = None
         self.notices: list[Completion] = []
         self.seen = -1
-        self.settled = False   # every record met has come and agreed
+        self.settled = False   # every record expected has come and agreed
         self.rings = [q for p in sorted(software) if (q := engine.by_peer.get(p))]
         engine.dead_colls.discard(self.coll_id)   # an id reused after 2**16 calls
+        drain_stale(engine, self.coll_id, software)
         if self.everyone:
             for p in range(world):
                 if p != mine.rank:
-                    self.meet(p)
+                    self.expect(p)
 
-    def meet(self, peer: int) -> None:
-        """The schedule talks to ``peer``: send it this rank's record (once) and post a
-        receive for its own."""
-        if peer in self.met:
-            return
-        self.settled = False
-        buf = np.empty(schedule_record_bytes(self.world), np.uint8)
-        got = self.engine.recv(peer, self.coll_id, STEP_RECORD, buf, None, "signature record")
-        self.met[peer] = (got, buf)
-        self.engine.send(peer, self.coll_id, STEP_RECORD, self.record)
+    # ------------------------------------------------------------------ posting
+    def expect(self, peer: int) -> None:
+        """The schedule talks to ``peer``: take its record when it comes (once)."""
+        if peer not in self.takes:
+            self.settled = False
+            self.takes[peer] = self.engine.matcher.take(peer, self.coll_id, STEP_RECORD,
+                                                        "signature record")
+            self.engine.arrivals_dirty = True
 
+    def send(self, peer: int, step: int, data: memoryview) -> Sent:
+        """Post a send of ``data`` to ``peer`` at ``step``: inside this rank's record if
+        it is the first message to ``peer`` and both fit one ring slot."""
+        self.expect(peer)
+        engine = self.engine
+        if peer not in self.told:
+            self.told.add(peer)
+            n = self.size + len(data)
+            if n > engine.slot_bytes:
+                engine.send(peer, self.coll_id, STEP_RECORD, self.alone)
+            else:
+                msg = np.empty(n, np.uint8)
+                msg[:self.size] = self.record
+                msg[self.size - 8:self.size] = np.frombuffer(
+                    len(data).to_bytes(8, "big"), np.uint8)
+                msg[self.size:] = np.frombuffer(data, np.uint8)
+                return Sent(self, engine.send(peer, self.coll_id, STEP_RECORD,
+                                              memoryview(msg)))
+        return Sent(self, engine.send(peer, self.coll_id, step, data))
+
+    def recv(self, peer: int, step: int, dest: np.ndarray, ufunc: Any | None,
+             what: str) -> Gated:
+        """A receive from ``peer`` at ``step``, landed once the check lets it."""
+        self.expect(peer)
+        if peer not in self.told:
+            # Nothing of ours goes to it first: it still needs our record to compare.
+            self.told.add(peer)
+            self.engine.send(peer, self.coll_id, STEP_RECORD, self.alone)
+        first = peer not in self.received
+        self.received.add(peer)
+        return Gated(self, peer, step, dest, ufunc, what, first)
+
+    # ------------------------------------------------------------------ checking
     def look(self) -> CollectiveMismatchError | None:
         """The call's mismatch once known: compares the records that came, and takes a
         notice that came."""
@@ -105,27 +147,42 @@ class ScheduleCheck:
 
     def _compare(self) -> None:
         """Compare the records that came since the last look."""
-        for p, (got, buf) in self.met.items():
-            if p in self.agreed or not got.done:
+        sb = self.engine.slot_bytes
+        for p, op in self.takes.items():
+            a = op.taken
+            if p in self.agreed or a is None:
                 continue
-            if got.error is not None:   # not a record of this world's shape
+            qp = self.engine.by_peer[p]
+            start = a.slot * sb
+            rec = qp.ring.buf[start:start + min(a.length, self.size)]
+            if len(rec) < self.size:   # not a record of this world's shape
+                qp.give_back(a.slot)
+                op.taken = None
                 self._fail(digest_mismatch_error(p, 0, self.mine.rank, self.mine.digest))
                 return
-            theirs = Signature.unpack(buf)
+            theirs = Signature.unpack(rec)
             if theirs.digest != self.mine.digest:
+                qp.give_back(a.slot)
+                op.taken = None
                 self._fail(mismatch_error(self.mine, theirs), theirs)
                 return
             self.agreed.add(p)
             if self.everyone:
-                self.rows[p] = schedule_counts(buf, self.world)
+                self.rows[p] = schedule_counts(rec, self.world)
+            n = schedule_data(rec, self.world)
+            if n is None:
+                qp.give_back(a.slot)
+            else:
+                self.data[p] = (qp, a, n)   # its slot is given back once landed
+            op.taken = None
         if self.everyone and len(self.rows) == self.world:
             differs = counts_difference(self.rows)
             if differs is not None:
                 # Every rank holds the same matrix and names the same pair: no notice.
                 self.error = CollectiveMismatchError.of("counts", *differs)
                 return
-        # Until the schedule meets another peer, only a notice can change the verdict.
-        self.settled = len(self.agreed) == len(self.met) and \
+        # Until the schedule expects another peer, only a notice can change the verdict.
+        self.settled = len(self.agreed) == len(self.takes) and \
             (not self.everyone or len(self.rows) == self.world)
 
     def _fail(self, error: CollectiveMismatchError, theirs: Signature | None = None) -> None:
@@ -148,20 +205,22 @@ class ScheduleCheck:
     def missing(self, peer: int) -> int:
         """The rank whose record a receive from ``peer`` still waits for."""
         if self.everyone:
-            return next((p for p in sorted(self.met) if p not in self.agreed), peer)
+            return next((p for p in sorted(self.takes) if p not in self.agreed), peer)
         return peer
-
-    def sent(self, peer: int, post: Callable[[], Completion]) -> Sent:
-        self.meet(peer)
-        return Sent(self, post())
-
-    def gated(self, peer: int, post: Callable[[], Completion]) -> Gated:
-        self.meet(peer)
-        return Gated(self, peer, post)
 
     def records(self) -> list[Record]:
         """Waitables for the record of every peer the schedule talked to."""
-        return [Record(self, p) for p in self.met]
+        return [Record(self, p) for p in self.takes]
+
+    def release(self) -> None:
+        """Give back the ring slots the check still holds (its call ended)."""
+        for qp, a, _ in self.data.values():
+            qp.give_back(a.slot)
+        self.data.clear()
+        for p, op in self.takes.items():
+            if op.taken is not None:
+                self.engine.by_peer[p].give_back(op.taken.slot)
+                op.taken = None
 
     def run(self, body: Generator[Any, None, None]) -> Generator[Any, None, None]:
         """``body`` (the schedule, posting through a context that has this check), then
@@ -189,48 +248,11 @@ class ScheduleCheck:
             raise
         finally:
             if self.error is not None:
+                # The world goes on after a mismatch: free what the call holds. (After
+                # any other failure the engine is done; a credit now would only look
+                # like progress to peers that wait out their own deadlines.)
+                self.release()
                 self.engine.forget_calls((self.coll_id,))
-
-
-class Gated:
-    """A schedule's receive from ``peer``, posted (``post``) only once the check lets
-    it land; done when that receive is."""
-
-    __slots__ = ("check", "frm", "post", "real")
-
-    def __init__(self, check: ScheduleCheck, peer: int, post: Callable[[], Completion]) -> None:
-        self.check = check
-        self.frm = peer
-        self.post = post
-        self.real: Completion | None = None
-
-    @property
-    def peer(self) -> int:
-        """Whom it waits on (a timeout names them): a record that has not come, else
-        the sender."""
-        if self.real is None:
-            return self.check.missing(self.frm)
-        return self.frm
-
-    @property
-    def what(self) -> str:
-        return "message" if self.real is not None else "signature record"
-
-    @property
-    def error(self) -> BaseException | None:
-        e = self.check.look()
-        if e is not None:
-            return e
-        return None if self.real is None else self.real.error
-
-    @property
-    def done(self) -> bool:
-        if self.real is None:
-            if not self.check.ready(self.frm):
-                return False
-            self.real = self.post()
-            self.check.engine._match()   # the message may be in the ring already
-        return self.real.done
 
 
 class Sent:
@@ -258,6 +280,70 @@ class Sent:
     @property
     def done(self) -> bool:
         return self.real.done
+
+
+class Gated:
+    """A schedule's receive from ``frm``, landed only once the check lets it: from the
+    data inside ``frm``'s record (``first``: this rank's first receive from it), or
+    posted to the engine; done when it has landed."""
+
+    __slots__ = ("check", "dest", "first", "frm", "real", "step", "ufunc", "what_")
+
+    def __init__(self, check: ScheduleCheck, frm: int, step: int, dest: np.ndarray,
+                 ufunc: Any | None, what: str, first: bool) -> None:
+        self.check = check
+        self.frm = frm
+        self.step = step
+        self.dest = dest
+        self.ufunc = ufunc
+        self.what_ = what
+        self.first = first
+        self.real: Completion | None = None
+
+    @property
+    def peer(self) -> int:
+        """Whom it waits on (a timeout names them): a record that has not come, else
+        the sender."""
+        return self.check.missing(self.frm) if self.real is None else self.frm
+
+    @property
+    def what(self) -> str:
+        return "signature record" if self.real is None else f"message of step {self.step}"
+
+    @property
+    def error(self) -> BaseException | None:
+        e = self.check.look()
+        if e is not None:
+            return e
+        return None if self.real is None else self.real.error
+
+    @property
+    def done(self) -> bool:
+        if self.real is None:
+            check = self.check
+            if not check.ready(self.frm):
+                return False
+            held = check.data.pop(self.frm, None) if self.first else None
+            if held is None:
+                self.real = check.engine.recv(self.frm, check.coll_id, self.step, self.dest,
+                                              self.ufunc, self.what_)
+                check.engine._match()   # the message may be in the ring already
+            else:
+                self.real = self._land(*held)
+        return self.real.done
+
+    def _land(self, qp: QueuePair, a: Arrival, n: int) -> Completion:
+        done = Completion(0, self.frm, self.what_)
+        try:
+            if n != self.dest.nbytes or a.length != self.check.size + n:
+                done.error = CountMismatchError(self.what_, f"peer {self.frm} sent {n} "
+                                                f"bytes, {self.dest.nbytes} expected")
+            else:
+                start = a.slot * self.check.engine.slot_bytes + self.check.size
+                land(self.dest, self.ufunc, 0, qp.ring.buf[start:start + n])
+        finally:
+            qp.give_back(a.slot)
+        return done
 
 
 class Record:

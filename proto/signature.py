@@ -51,15 +51,18 @@ the granting rank; both non-zero and different is a mismatch:
 Where only digests are known, the error names the field ``digest``.
 
 Host schedules (the software engine's ``tree`` algorithms and all-to-all-v, which run
-no program and send no GRANT) check with records instead: before the first byte of a
-call goes to or comes from a peer, each rank sends that peer a schedule record
-(:func:`schedule_record`: the 32-byte record, then ``2 * world`` u64 counts, the
-sender's ``sendcounts`` and ``recvcounts``, zero outside all-to-all-v) as the ring
-message ``RING_IMM(coll_id, final=1, step=STEP_RECORD)``, and lands the peer's data
-only once the peer's record agrees. The records ride ahead of the data on each queue
-pair, so they cost no round trip. With the counts of every rank (all-to-all-v talks to
-all), every rank checks the whole count matrix (:func:`counts_difference`) before it
-takes a byte, so a pair that disagrees fails every rank alike.
+no program and send no GRANT) check with records instead (:func:`schedule_record`: the
+32-byte record, then ``2 * world`` u64 counts, the sender's ``sendcounts`` and
+``recvcounts``, zero outside all-to-all-v, then a u64 ``data``: how many bytes of the
+sender's first data message to this peer follow, :data:`NO_DATA` if none). The first
+message a rank sends a peer in a call is ``RING_IMM(coll_id, final=1,
+step=STEP_RECORD)``: its record, with its first data message to that peer appended
+where both fit one ring slot (else that data follows as its own message); a rank that
+receives from a peer before it sends it anything sends its record alone. A rank lands a
+peer's data only once that peer's record agrees, so the check costs no round trip and,
+where data flows both ways, no message. With the counts of every rank (all-to-all-v
+talks to all), every rank checks the whole count matrix (:func:`counts_difference`)
+before it takes a byte, so a pair that disagrees fails every rank alike.
 """
 
 from __future__ import annotations
@@ -72,6 +75,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from enum import IntEnum
 
+import numpy as np
+
 from .reduce import DType, ReduceOp
 
 RECORD = struct.Struct(">QQIIHHHBB")
@@ -83,6 +88,8 @@ STEP_MISMATCH = 0x7FFC
 STEP_RECORD = 0x7FFD
 """RING_IMM step of a host schedule's record (:func:`schedule_record`)."""
 COUNT = struct.Struct(">Q")
+NO_DATA = (1 << 64) - 1
+"""A schedule record's ``data``: no data message follows it in the same message."""
 
 
 class Kind(IntEnum):
@@ -197,15 +204,23 @@ def digest_only(data: bytes | memoryview) -> tuple[int, int] | None:
 
 
 def schedule_record(sig: Signature, world: int, sendcounts: Sequence[int] | None = None,
-                    recvcounts: Sequence[int] | None = None) -> bytes:
+                    recvcounts: Sequence[int] | None = None, data: int | None = None) -> bytes:
     """A host schedule's record: ``sig``, then ``world`` sendcounts and ``world``
-    recvcounts (u64; zeros where the call has none)."""
+    recvcounts (u64; zeros where the call has none), then ``data``: the bytes of data
+    that follow it in the same message (None: :data:`NO_DATA`)."""
     counts = [0] * (2 * world) if sendcounts is None else [*sendcounts, *recvcounts]
-    return sig.pack() + struct.pack(f">{2 * world}Q", *counts)
+    return sig.pack() + struct.pack(f">{2 * world + 1}Q", *counts,
+                                    NO_DATA if data is None else data)
 
 
 def schedule_record_bytes(world: int) -> int:
-    return RECORD.size + 2 * world * COUNT.size
+    return RECORD.size + (2 * world + 1) * COUNT.size
+
+
+def schedule_data(record: bytes | memoryview | np.ndarray, world: int) -> int | None:
+    """How many bytes of data follow a :func:`schedule_record`; None: no data message."""
+    (n,) = COUNT.unpack_from(record, RECORD.size + 2 * world * COUNT.size)
+    return None if n == NO_DATA else n
 
 
 def schedule_counts(data: bytes | memoryview, world: int) -> tuple[tuple[int, ...],
@@ -228,7 +243,8 @@ def counts_difference(rows: Mapping[int, tuple[Sequence[int], Sequence[int]]]
     return None
 
 
-__all__ = ["COUNT", "FIELDS", "NONE_OP", "NONE_ROOT", "RECORD", "STEP_MISMATCH", "STEP_RECORD",
-           "Kind", "Signature", "counts_difference", "difference", "digest_only",
-           "digest_record", "program_digest", "schedule_counts", "schedule_record",
-           "schedule_record_bytes", "tag_value", "with_rank"]
+__all__ = ["COUNT", "FIELDS", "NONE_OP", "NONE_ROOT", "NO_DATA", "RECORD", "STEP_MISMATCH",
+           "STEP_RECORD", "Kind", "Signature", "counts_difference", "difference",
+           "digest_only", "digest_record", "program_digest", "schedule_counts",
+           "schedule_data", "schedule_record", "schedule_record_bytes", "tag_value",
+           "with_rank"]
