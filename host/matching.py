@@ -56,6 +56,7 @@ class Matcher:
         self.by_peer = by_peer
         self.slot_bytes = slot_bytes
         self.posted: dict[int, list[RecvOp]] = {}
+        self.takes_done = 0   # how many takes have been satisfied: a cheap "anything new?"
 
     def add_peer(self, peer: int) -> None:
         self.posted[peer] = []
@@ -99,6 +100,7 @@ class Matcher:
                 delivered = True
                 if op.dest is None:
                     op.taken = a
+                    self.takes_done += 1
                     op.completion.finish_one()
                     posted.remove(op)
                     continue

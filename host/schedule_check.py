@@ -59,13 +59,16 @@ class ScheduleCheck:
         self.mine = mine
         self.world = world
         self.software = software
-        self.record = np.frombuffer(schedule_record(mine, world, *(counts or ())), np.uint8)
+        record = schedule_record(mine, world, *(counts or ()))
         self.size = schedule_record_bytes(world)
-        self.alone = memoryview(self.record)   # the record without data
+        self.alone = memoryview(record)      # the record, no data after it
+        self.prefix = record[:-8]            # the record less its data length
         self.everyone = counts is not None
         self.rows: dict[int, tuple[Sequence[int], Sequence[int]]] = \
             {mine.rank: counts} if counts is not None else {}
         self.takes: dict[int, RecvOp] = {}     # each peer's record, taken whole
+        self.unread: dict[int, RecvOp] = {}    # takes whose record was not compared yet
+        self.takes_seen = -1
         self.told: set[int] = set()             # peers sent this rank's record
         self.agreed: set[int] = set()
         self.data: dict[int, tuple[QueuePair, Arrival, int]] = {}
@@ -89,26 +92,23 @@ class ScheduleCheck:
         """The schedule talks to ``peer``: take its record when it comes (once)."""
         if peer not in self.takes:
             self.settled = False
-            self.takes[peer] = self.engine.matcher.take(peer, self.coll_id, STEP_RECORD,
-                                                        "signature record")
+            self.takes[peer] = self.unread[peer] = self.engine.matcher.take(
+                peer, self.coll_id, STEP_RECORD, "signature record")
             self.engine.arrivals_dirty = True
 
     def send(self, peer: int, step: int, data: memoryview) -> Sent:
         """Post a send of ``data`` to ``peer`` at ``step``: inside this rank's record if
-        it is the first message to ``peer`` and both fit one ring slot."""
+        it is the first message to ``peer`` and both fit one ring slot (a copy of the
+        data is cheaper than a message of its own: 64 KiB alltoallv blocks 1.1x the
+        unchecked time merged, 1.2-1.3x with the record apart)."""
         self.expect(peer)
         engine = self.engine
         if peer not in self.told:
             self.told.add(peer)
-            n = self.size + len(data)
-            if n > engine.slot_bytes:
+            if self.size + len(data) > engine.slot_bytes:
                 engine.send(peer, self.coll_id, STEP_RECORD, self.alone)
             else:
-                msg = np.empty(n, np.uint8)
-                msg[:self.size] = self.record
-                msg[self.size - 8:self.size] = np.frombuffer(
-                    len(data).to_bytes(8, "big"), np.uint8)
-                msg[self.size:] = np.frombuffer(data, np.uint8)
+                msg = b"".join((self.prefix, len(data).to_bytes(8, "big"), data))
                 return Sent(self, engine.send(peer, self.coll_id, STEP_RECORD,
                                               memoryview(msg)))
         return Sent(self, engine.send(peer, self.coll_id, step, data))
@@ -147,21 +147,25 @@ class ScheduleCheck:
 
     def _compare(self) -> None:
         """Compare the records that came since the last look."""
+        matcher = self.engine.matcher
+        if matcher.takes_done == self.takes_seen:
+            return
+        self.takes_seen = matcher.takes_done
+        came = [(p, op) for p, op in self.unread.items() if op.taken is not None]
         sb = self.engine.slot_bytes
-        for p, op in self.takes.items():
+        for p, op in came:
             a = op.taken
-            if p in self.agreed or a is None:
-                continue
+            del self.unread[p]
             qp = self.engine.by_peer[p]
             start = a.slot * sb
-            rec = qp.ring.buf[start:start + min(a.length, self.size)]
+            rec = qp.ring.view[start:start + min(a.length, self.size)]
             if len(rec) < self.size:   # not a record of this world's shape
                 qp.give_back(a.slot)
                 op.taken = None
                 self._fail(digest_mismatch_error(p, 0, self.mine.rank, self.mine.digest))
                 return
-            theirs = Signature.unpack(rec)
-            if theirs.digest != self.mine.digest:
+            if int.from_bytes(rec[:8], "big") != self.mine.digest:
+                theirs = Signature.unpack(rec)
                 qp.give_back(a.slot)
                 op.taken = None
                 self._fail(mismatch_error(self.mine, theirs), theirs)

@@ -133,8 +133,7 @@ class Signature:
     rank: int = 0
 
     def pack(self) -> bytes:
-        body = self._body(0)
-        return RECORD.pack(_digest(body), *self._fields(self.rank))
+        return RECORD.pack(self.digest, *self._fields(self.rank))
 
     @functools.cached_property
     def digest(self) -> int:
