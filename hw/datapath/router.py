@@ -77,6 +77,7 @@ def element_shift(m: Module, dtype) -> Signal:
 class Router(wiring.Component):
     def __init__(self, peers: int, counter_bits: int = 8) -> None:
         self.peers = peers
+        self.counter_bits = counter_bits
         super().__init__({
             "ctx": In(context_layout(peers)),
             "coll_id": In(16),
@@ -97,7 +98,9 @@ class Router(wiring.Component):
             "mismatch": Out(1),
             "mismatch_peer": Out(range(peers)),
             "mismatch_sig": Out(64),
-            "ahead": Out(data.ArrayLayout(counter_bits, peers)),
+            # peer p's count in bits [counter_bits * p, counter_bits * (p + 1)). Flat: an
+            # ArrayLayout's `ahead[p]` wires broke yosys 0.70's abc9 (ABC_OPS_REINTEGRATE)
+            "ahead": Out(counter_bits * peers),
         })
 
     def elaborate(self, platform) -> Module:
@@ -304,9 +307,8 @@ class Router(wiring.Component):
         for p in range(self.peers):
             m.d.sync += e_ne[p].eq(Cat(e_sig[p][16 * i:16 * i + 16]
                                        != ctx.sig[16 * i:16 * i + 16] for i in range(4)))
-        ahead = Array(Signal.like(self.ahead[p], name=f"ahead{p}")
-                      for p in range(self.peers))
-        m.d.comb += [self.ahead[p].eq(ahead[p]) for p in range(self.peers)]
+        ahead = Array(Signal(self.counter_bits, name=f"ahead{p}") for p in range(self.peers))
+        m.d.comb += self.ahead.eq(Cat(ahead))
 
         def latch(peer, sig) -> None:
             with m.If(~self.mismatch):
