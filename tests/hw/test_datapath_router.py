@@ -361,3 +361,22 @@ def test_grants_ahead_are_checked_at_start_and_leftovers_dropped():
         await start(ctx, dut, 7, DIGEST + 2)
         assert not ctx.get(dut.mismatch)
     run(script)
+
+
+def test_of_several_early_digests_that_differ_the_lowest_peer_is_latched():
+    """Grants ahead from peers 3 and 1 with digests that differ from the program's:
+    at its start the lowest peer and its digest are latched, whatever the order."""
+    async def script(ctx, dut):
+        await start(ctx, dut, 5, DIGEST)
+        assert await receive(ctx, dut, peer=3, va=DIGEST ^ 3, coll_id=6, step=1) == [
+            ("grant", 3, 1)]
+        assert await receive(ctx, dut, peer=2, va=DIGEST, coll_id=6, step=2) == [
+            ("grant", 2, 2)]
+        assert await receive(ctx, dut, peer=1, va=DIGEST ^ (1 << 63), coll_id=6,
+                             step=3) == [("grant", 1, 3)]
+        assert not ctx.get(dut.mismatch)
+        await start(ctx, dut, 6, DIGEST)
+        assert ctx.get(dut.mismatch)
+        assert (ctx.get(dut.mismatch_peer), ctx.get(dut.mismatch_sig)) == (
+            1, DIGEST ^ (1 << 63))
+    run(script)
