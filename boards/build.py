@@ -155,6 +155,32 @@ class BuildResult:
         }
 
 
+# The tools' own log files (the build scripts' -l / --log), by the tool that writes them.
+TOOL_LOGS = {"top.rpt": "yosys", "top.tim": "nextpnr"}
+
+
+def failure_tail(folder: Path, lines: int = 20) -> str:
+    """What a failed build said: the end of build.log, then, for each tool log holding
+    an ERROR line that build.log lacks, that log's end. yosys runs with ``-q -l
+    top.rpt`` and writes its ERROR (a failed assert too) to top.rpt only, so build.log
+    alone can be empty."""
+    log_path = folder / "build.log"
+    log = log_path.read_text(errors="replace") if log_path.exists() else ""
+    parts = [log[-4000:]]
+    for name, tool in TOOL_LOGS.items():
+        path = folder / name
+        if not path.exists():
+            continue
+        text = path.read_text(errors="replace").splitlines()
+        errors = [ln for ln in text if ln.startswith("ERROR") and ln not in log]
+        if errors:
+            tail = text[-lines:]
+            parts.append(f"--- {name} ({tool}'s log), last {len(tail)} lines ---\n"
+                         + "\n".join(tail)
+                         + "".join(f"\n{e}" for e in errors if e not in tail))
+    return "\n".join(p for p in parts if p)
+
+
 def build(board_name: str, config: NodeConfig | None = None, *, root: Path = DEFAULT_ROOT,
           core_factory: CoreFactory | None = None, use_cache: bool = True,
           timeout: float | None = None, log=None) -> BuildResult:
@@ -190,9 +216,8 @@ def build(board_name: str, config: NodeConfig | None = None, *, root: Path = DEF
                               stderr=subprocess.STDOUT, timeout=timeout, check=False)
     seconds = time.monotonic() - start
     if proc.returncode != 0 or not bitstream.exists():
-        tail = (folder / "build.log").read_text(errors="replace")[-4000:]
         raise subprocess.CalledProcessError(proc.returncode, f"{folder}/build_top.sh",
-                                            output=tail)
+                                            output=failure_tail(folder))
     report = parse_report(folder)
     done.write_text(json.dumps({"seconds": round(seconds, 1), "tools": versions}))
     return BuildResult(board.name, config, folder, key, False, True, seconds, versions,

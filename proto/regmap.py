@@ -18,10 +18,12 @@ from .reduce import DTYPE_BITS, OP_BITS, DType, ReduceOp
 
 REG_BYTES = 4
 ENGINE_ID = 0x4643_434C  # "FCCL"
-REGMAP_VERSION = 4
+REGMAP_VERSION = 5
 """2: ctrl.features, ctrl.config, status.cause/datapath. 3: the build's MTU is
 ``ctrl.config.mtu_log2``; ``ctrl.control.mtu_log2``, which no logic read, is gone;
-``ctrl.reduce`` packs dtype and op in the widths the reduction unit decodes. 4: the
+``ctrl.reduce`` packs dtype and op in the widths the reduction unit decodes. 4: two
+different maps, made apart: 3 plus ``drops.service_busy`` (70acc6e), or 3 plus the
+signature registers below (3a95104). 5: both, 3 plus ``drops.service_busy`` and the
 call's signature digest (``coll.sig_lo/hi``), the peer that granted with another
 (``coll.mismatch_peer``, ``coll.peer_sig_lo/hi``) and cause :attr:`StopCause.SIGNATURE`."""
 

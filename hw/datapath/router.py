@@ -77,6 +77,7 @@ def element_shift(m: Module, dtype) -> Signal:
 class Router(wiring.Component):
     def __init__(self, peers: int, counter_bits: int = 8) -> None:
         self.peers = peers
+        self.counter_bits = counter_bits
         super().__init__({
             "ctx": In(context_layout(peers)),
             "coll_id": In(16),
@@ -97,7 +98,9 @@ class Router(wiring.Component):
             "mismatch": Out(1),
             "mismatch_peer": Out(range(peers)),
             "mismatch_sig": Out(64),
-            "ahead": Out(data.ArrayLayout(counter_bits, peers)),
+            # peer p's count in bits [counter_bits * p, counter_bits * (p + 1)). Flat: an
+            # ArrayLayout's `ahead[p]` wires broke yosys 0.70's abc9 (ABC_OPS_REINTEGRATE)
+            "ahead": Out(counter_bits * peers),
         })
 
     def elaborate(self, platform) -> Module:
@@ -304,9 +307,8 @@ class Router(wiring.Component):
         for p in range(self.peers):
             m.d.sync += e_ne[p].eq(Cat(e_sig[p][16 * i:16 * i + 16]
                                        != ctx.sig[16 * i:16 * i + 16] for i in range(4)))
-        ahead = Array(Signal.like(self.ahead[p], name=f"ahead{p}")
-                      for p in range(self.peers))
-        m.d.comb += [self.ahead[p].eq(ahead[p]) for p in range(self.peers)]
+        ahead = Array(Signal(self.counter_bits, name=f"ahead{p}") for p in range(self.peers))
+        m.d.comb += self.ahead.eq(Cat(ahead))
 
         def latch(peer, sig) -> None:
             with m.If(~self.mismatch):
@@ -334,6 +336,20 @@ class Router(wiring.Component):
             with m.Else():
                 m.d.sync += self.grant.valid.eq(1)
 
+        # Of the peers whose early digest differs, the lowest is latched: one-hot, then an
+        # AND-OR of the digests (not 8 nested latches: a priority chain per digest bit).
+        e_bad = Signal(self.peers)                  # early digest differs from ours
+        e_hot = Signal(self.peers)                  # e_bad's lowest set bit alone
+        e_first = Signal.like(self.mismatch_peer)
+        e_pick = Signal(64)
+        m.d.comb += [
+            e_bad.eq(Cat(e_pend[p] & e_ne[p].any() for p in range(self.peers))),
+            e_hot.eq(Cat(e_bad[p] & ~e_bad[:p].any() for p in range(self.peers))),
+            e_first.eq(Cat(Cat(e_hot[p] for p in range(self.peers) if p >> b & 1).any()
+                           for b in range(len(e_first)))),
+            e_pick.eq(Cat(Cat(e_sig[p][i] & e_hot[p] for p in range(self.peers)).any()
+                          for i in range(64))),
+        ]
         # The grants that came ahead are this program's from its start on: their digests
         # are compared a few cycles later (the compare registered, the doorbell's
         # coll_id settled), before the sequencer's first EXEC.
@@ -345,6 +361,5 @@ class Router(wiring.Component):
             m.d.sync += e_pend.eq(0)
             for p in range(self.peers):
                 m.d.sync += ahead[p].eq(0)
-            for p in reversed(range(self.peers)):   # the lowest peer's statement wins
-                with m.If(e_pend[p] & sig_nz & e_ne[p].any()):
-                    latch(p, e_sig[p])
+            with m.If(sig_nz & e_bad.any()):
+                latch(e_first, e_pick)

@@ -56,7 +56,7 @@ class Sequencer(wiring.Component):
             # counters cleared: nothing of it counts for the next
             "abort": In(1),
             "abort_peer": In(range(peers)),
-            "keep_grants": In(data.ArrayLayout(counter_bits, peers)),
+            "keep_grants": In(counter_bits * peers),     # flat, as Router.ahead
             "busy": Out(1),
             "done": Out(1),           # one-cycle pulse at DONE
             "error": Out(1),

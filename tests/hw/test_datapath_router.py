@@ -279,6 +279,12 @@ async def start(ctx, dut, coll_id, sig):
     await ctx.tick().repeat(6)       # the sequencer's first EXEC comes no sooner
 
 
+def ahead(ctx, dut):
+    """The ``ahead`` counts per peer (a flat port, counter_bits per peer)."""
+    bits = len(dut.ahead) // PEERS
+    return [ctx.get(dut.ahead[bits * p:bits * (p + 1)]) for p in range(PEERS)]
+
+
 def test_a_grant_carries_the_digest_in_its_va():
     async def script(ctx, dut):
         ctx.set(dut.ctx.sig, DIGEST)
@@ -323,7 +329,7 @@ def test_a_grant_with_another_digest_is_no_grant():
         assert await receive(ctx, dut, peer=2, va=other, step=8, coll_id=3) == [
             ("grant", 2, 8)]
         assert not ctx.get(dut.mismatch)
-        assert ctx.get(dut.ahead[2]) == 1 and ctx.get(dut.ahead[1]) == 0
+        assert ahead(ctx, dut)[1:3] == [0, 1]
     run(script)
 
 
@@ -341,17 +347,36 @@ def test_grants_ahead_are_checked_at_start_and_leftovers_dropped():
             ("grant", 2, 2)]
         assert await receive(ctx, dut, peer=2, va=other, coll_id=7, step=3) == [
             ("grant", 2, 3)]
-        assert [ctx.get(dut.ahead[p]) for p in range(PEERS)] == [0, 1, 2, 0]
+        assert ahead(ctx, dut) == [0, 1, 2, 0]
         assert await receive(ctx, dut, peer=3, va=DIGEST, coll_id=4) == []
         assert await receive(ctx, dut, peer=3, va=0x40, grant=0, coll_id=4) == []
         assert not ctx.get(dut.mismatch)
         await start(ctx, dut, 6, DIGEST)
         assert ctx.get(dut.mismatch)
         assert (ctx.get(dut.mismatch_peer), ctx.get(dut.mismatch_sig)) == (2, other)
-        assert [ctx.get(dut.ahead[p]) for p in range(PEERS)] == [0] * PEERS
+        assert ahead(ctx, dut) == [0] * PEERS
         # Agreeing grants ahead pass.
         assert await receive(ctx, dut, peer=1, va=DIGEST + 2, coll_id=7) == [
             ("grant", 1, 0)]
         await start(ctx, dut, 7, DIGEST + 2)
         assert not ctx.get(dut.mismatch)
+    run(script)
+
+
+def test_of_several_early_digests_that_differ_the_lowest_peer_is_latched():
+    """Grants ahead from peers 3 and 1 with digests that differ from the program's:
+    at its start the lowest peer and its digest are latched, whatever the order."""
+    async def script(ctx, dut):
+        await start(ctx, dut, 5, DIGEST)
+        assert await receive(ctx, dut, peer=3, va=DIGEST ^ 3, coll_id=6, step=1) == [
+            ("grant", 3, 1)]
+        assert await receive(ctx, dut, peer=2, va=DIGEST, coll_id=6, step=2) == [
+            ("grant", 2, 2)]
+        assert await receive(ctx, dut, peer=1, va=DIGEST ^ (1 << 63), coll_id=6,
+                             step=3) == [("grant", 1, 3)]
+        assert not ctx.get(dut.mismatch)
+        await start(ctx, dut, 6, DIGEST)
+        assert ctx.get(dut.mismatch)
+        assert (ctx.get(dut.mismatch_peer), ctx.get(dut.mismatch_sig)) == (
+            1, DIGEST ^ (1 << 63))
     run(script)

@@ -134,7 +134,7 @@ def test_abort_stops_a_program_waiting_for_a_grant_once_drained():
         ctx.set(seq.drained, 0)
         ctx.set(seq.abort, 1)
         ctx.set(seq.abort_peer, 1)
-        ctx.set(seq.keep_grants[0], 1)
+        ctx.set(seq.keep_grants[:seq.counter_bits], 1)   # peer 0: 1 grant
         await ctx.tick().until(seq.cmd.valid)
         c = ctx.get(seq.cmd.payload)
         out["told"] = (SeqOp(c.op), c.peer, c.length)
