@@ -289,13 +289,20 @@ class Communicator:
         tagv = _tag(tag)
         coll, call = self._next_coll()
         dtype, rop = _dtype_of(dt), _op_of(op) if op else None
-        sig = Signature(call, kind, count, dtype, rop, root,
-                        program_digest(*algo) if algo else 0, tagv,
-                        self.rank) if self.check_calls else None
+        sig = self._signature(call, kind, count, dtype, rop, root, algo, tagv)
         job = self.impl.schedule(name, body, coll, self.deadline_s, sig, counts)
         shown = count if counts is None else sum(counts[0])
         return self._handle(job, result, keep, async_op,
                             (call, name, shown, dtype, rop, root, algo, tagv))
+
+    def _signature(self, call: int, kind: Kind, count: int, dtype: DType,
+                   op: ReduceOp | None, root: int | None, algo: tuple,
+                   tagv: int) -> Signature | None:
+        """The call's signature; None with ``check_calls`` off."""
+        if not self.check_calls:
+            return None
+        return Signature(call, kind, count, dtype, op, root,
+                         program_digest(*algo) if algo else 0, tagv, self.rank)
 
     def _need_schedules(self, argument: str, what: str) -> None:
         if not self.impl.host_schedules:
@@ -347,9 +354,7 @@ class Communicator:
         segments = [Segment((c0 + 1 + k) & 0xFFFF, k * seg, min(m, (k + 1) * seg),
                             blocks * (min(m, (k + 1) * seg) - k * seg)) for k in range(nseg)]
         dtype, rop = _dtype_of(dt), _op_of(op) if op else None
-        sig = Signature(call, kind, m, dtype, rop, root,
-                        program_digest(*algo) if algo else 0, tagv,
-                        self.rank) if self.check_calls else None
+        sig = self._signature(call, kind, m, dtype, rop, root, algo, tagv)
         run = ProgramRun(name, program, dtype, dt, rop or ReduceOp.SUM, segments, get_in,
                          put_out, out, check_lengths, sig)
         return self._handle(self.impl.run(run, self.deadline_s), result, keep, async_op,
