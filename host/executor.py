@@ -391,17 +391,15 @@ class SignatureCheck:
         return self.error
 
     def _take_notice(self, buf: np.ndarray) -> None:
-        theirs = Signature.unpack(buf[RECORD.size:])
-        about = digest_only(buf[:RECORD.size])
-        if about is None:
-            self.error = mismatch_error(Signature.unpack(buf[:RECORD.size]), theirs)
-        elif about[1] == self.mine.rank:
+        about, second = digest_only(buf[:RECORD.size]), buf[RECORD.size:]
+        if about is not None and about[1] == self.mine.rank and digest_only(second) is None:
             # A query about this rank's digest: with the asker's record and this rank's,
             # every rank can name the field.
+            theirs = Signature.unpack(second)
             self.error = mismatch_error(self.mine, theirs)
             self._tell(memoryview(self.mine.pack() + theirs.pack()))
         else:
-            self.error = digest_mismatch_error(about[1], about[0], theirs.rank, theirs.digest)
+            self.error = notice_error(buf)
 
     def _grants(self) -> None:
         # While this rank waits, only an HDL peer's GRANT can tell it of a difference
@@ -469,6 +467,21 @@ def mismatch_error(a: Signature, b: Signature) -> CollectiveMismatchError:
         a, b = b, a
     field, values = difference(a, b) or ("digest", ("?", "?"))
     return CollectiveMismatchError.of(field, (a.rank, b.rank), values)
+
+
+def notice_error(buf: np.ndarray) -> CollectiveMismatchError:
+    """The error a mismatch notice (two records) names: the field, where both records
+    are whole; else the two digests (a :func:`~fpgaccl.proto.signature.digest_record`
+    stands for a rank whose record was never seen)."""
+    first, second = buf[:RECORD.size], buf[RECORD.size:]
+    a, b = digest_only(first), digest_only(second)
+    if a is None and b is None:
+        return mismatch_error(Signature.unpack(first), Signature.unpack(second))
+    if a is None:
+        a = (Signature.unpack(first).digest, Signature.unpack(first).rank)
+    if b is None:
+        b = (Signature.unpack(second).digest, Signature.unpack(second).rank)
+    return digest_mismatch_error(a[1], a[0], b[1], b[0])
 
 
 def digest_mismatch_error(rank_a: int, digest_a: int, rank_b: int,

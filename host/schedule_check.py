@@ -28,12 +28,10 @@ import numpy as np
 
 from fpgaccl.errors import CollectiveMismatchError, CountMismatchError
 from fpgaccl.proto.signature import (
-    RECORD,
     STEP_MISMATCH,
     STEP_RECORD,
     Signature,
     counts_difference,
-    digest_only,
     schedule_counts,
     schedule_data,
     schedule_record,
@@ -41,7 +39,13 @@ from fpgaccl.proto.signature import (
 )
 
 from .engine import Engine
-from .executor import digest_mismatch_error, drain_stale, mismatch_error, take_notice
+from .executor import (
+    digest_mismatch_error,
+    drain_stale,
+    mismatch_error,
+    notice_error,
+    take_notice,
+)
 from .matching import RecvOp, land
 from .qp import Arrival, Completion, QueuePair
 
@@ -141,7 +145,7 @@ class ScheduleCheck:
             for qp in self.rings:
                 if qp.arrived and (buf := take_notice(self.engine, qp, {self.coll_id})) \
                         is not None:
-                    self.error = _notice_error(buf)
+                    self.error = notice_error(buf)
                     break
         return self.error
 
@@ -367,16 +371,6 @@ class Record:
     @property
     def done(self) -> bool:
         return self.check.look() is None and self.peer in self.check.agreed
-
-
-def _notice_error(buf: np.ndarray) -> CollectiveMismatchError:
-    first, second = buf[:RECORD.size], buf[RECORD.size:]
-    about, theirs = digest_only(first), digest_only(second)
-    if about is None and theirs is None:
-        return mismatch_error(Signature.unpack(first), Signature.unpack(second))
-    a = about or (Signature.unpack(first).digest, Signature.unpack(first).rank)
-    b = theirs or (Signature.unpack(second).digest, Signature.unpack(second).rank)
-    return digest_mismatch_error(a[1], a[0], b[1], b[0])
 
 
 __all__ = ["Gated", "Record", "ScheduleCheck", "Sent"]

@@ -203,6 +203,22 @@ def test_a_mismatch_leaves_the_communicator_usable() -> None:
         assert status == "ok" and first == "op" and agreed == want, (r, res[r])
 
 
+def test_a_notice_of_two_digests_names_the_digest() -> None:
+    """What a rank whose query went unanswered tells the others (two digest records):
+    every reader names the two digests, and a whole pair names the field."""
+    from fpgaccl.host.executor import notice_error
+
+    two = np.frombuffer(digest_record(0x5, 2) + digest_record(0x6, 1), np.uint8)
+    e = notice_error(two)
+    assert (e.field, e.ranks, e.values) == ("digest", (1, 2), ("0x6", "0x5"))
+    a = Signature(3, Kind.REDUCE, 1000, DType.FLOAT32, ReduceOp.SUM, 0, 7, 0, rank=2)
+    b = Signature(3, Kind.REDUCE, 1000, DType.FLOAT32, ReduceOp.MAX, 0, 7, 0, rank=0)
+    e = notice_error(np.frombuffer(a.pack() + b.pack(), np.uint8))
+    assert (e.field, e.ranks, e.values) == ("op", (0, 2), ("max", "sum"))
+    mixed = np.frombuffer(digest_record(0x5, 3) + b.pack(), np.uint8)
+    assert notice_error(mixed).ranks == (0, 3)
+
+
 def test_a_digest_only_record_names_the_digest() -> None:
     rec = digest_record(0x1234, 3)
     assert len(rec) == RECORD.size and digest_only(rec) == (0x1234, 3)
