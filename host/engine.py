@@ -365,15 +365,9 @@ class Engine:
                     keep = [e for e in q if e[0] not in dead]
                     q.clear()
                     q.extend(keep)
-            if any(a.coll_id in dead for a in qp.arrived):
-                keep = []
-                for a in qp.arrived:
-                    if a.coll_id in dead and a.step & ~wire.STEP_FINAL != wire.STEP_P2P:
-                        qp.give_back(a.slot)
-                    else:
-                        keep.append(a)
-                qp.arrived.clear()
-                qp.arrived.extend(keep)
+            if qp.arrived:
+                qp.give_back_arrived(lambda a: a.coll_id in dead and
+                                     a.step & ~wire.STEP_FINAL != wire.STEP_P2P)
 
     def protect_all(self) -> None:
         """The borrowed memory goes back to its owner (a program ends): every message

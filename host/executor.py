@@ -98,7 +98,7 @@ from fpgaccl.proto.signature import (
 
 from . import wire
 from .fold import Fold
-from .qp import ANY_QP, Completion, MemoryRegion, Message, QueuePair
+from .qp import ANY_QP, Arrival, Completion, MemoryRegion, Message, QueuePair
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -512,21 +512,14 @@ def drain_stale(engine: Engine, coll_id: int, software: frozenset[int]) -> None:
     """Give back the ring slots of notices and schedule records of calls before
     ``coll_id`` that no receive took (a peer set that differed, a notice after the call
     ended, a schedule's record to a rank that ran a program)."""
+    def stale(a: Arrival) -> bool:
+        return a.step & ~wire.STEP_FINAL in (STEP_MISMATCH, STEP_RECORD) and \
+            0 < (coll_id - a.coll_id) & 0xFFFF < 0x8000
+
     for p in software:
         qp = engine.by_peer.get(p)
-        if qp is None or not qp.arrived:
-            continue
-        keep = []
-        for a in qp.arrived:
-            step = a.step & ~wire.STEP_FINAL
-            if step in (STEP_MISMATCH, STEP_RECORD) and \
-                    0 < (coll_id - a.coll_id) & 0xFFFF < 0x8000:
-                qp.give_back(a.slot)
-            else:
-                keep.append(a)
-        if len(keep) != len(qp.arrived):
-            qp.arrived.clear()
-            qp.arrived.extend(keep)
+        if qp is not None and qp.arrived:
+            qp.give_back_arrived(stale)
 
 
 def setup_chunks(program: Sequence[Instr]) -> int:

@@ -31,6 +31,7 @@ import functools
 import socket
 import struct
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -1447,6 +1448,19 @@ class QueuePair:
     def give_back(self, slot: int) -> None:
         """Return a consumed ring slot to the peer."""
         self.post(Message(memoryview(b""), wire.pack_imm(slot, wire.STEP_CREDIT), None))
+
+    def give_back_arrived(self, drop: Callable[[Arrival], bool]) -> None:
+        """Give back the slot of every message no receive took for which ``drop``
+        holds, in arrival order, and forget those messages."""
+        keep = []
+        for a in self.arrived:
+            if drop(a):
+                self.give_back(a.slot)
+            else:
+                keep.append(a)
+        if len(keep) != len(self.arrived):
+            self.arrived.clear()
+            self.arrived.extend(keep)
 
 
 __all__ = ["ANY_QP", "Arrival", "Completion", "GatherRun", "MemoryRegion", "Message", "QueuePair",
