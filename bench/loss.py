@@ -63,14 +63,14 @@ print("ready", flush=True)
 sys.stdin.readline()  # the bench has reset the nft counters and started the relay
 comm.barrier()
 s0 = comm.stats()
-t0 = time.perf_counter()
+c0, t0 = time.process_time(), time.perf_counter()
 comm.allreduce(x, algo="ring")
-t = time.perf_counter() - t0
+t, c = time.perf_counter() - t0, time.process_time() - c0
 s1 = comm.stats()
 ok = bool(np.array_equal(x, want))
 comm.barrier()
 d = {k: s1.get(k, 0) - s0.get(k, 0) for k in s1}
-print(json.dumps({"rank": r, "ok": ok, "time_s": t, "stats": d}), flush=True)
+print(json.dumps({"rank": r, "ok": ok, "time_s": t, "cpu_s": c, "stats": d}), flush=True)
 sys.stdin.readline()
 comm.close()
 """
@@ -258,6 +258,7 @@ def run_case(bed: Bed, name: str, delay_ms: float, init: str = "",
     row = {
         "case": name, "loss_pct": loss, "dup_pct": dup, "reorder_pct": reorder,
         "time_s": max(r["time_s"] for r in res),
+        "cpu_s": sum(r["cpu_s"] for r in res),  # all ranks' CPU over the call
         "ok": all(r["ok"] for r in res),
         "sent": sum(s.get("tx_packets", 0) + s.get("bulk_tx_packets", 0) for s in st),
         "retransmitted": sum(s.get("retransmits", 0) for s in st),
@@ -266,6 +267,10 @@ def run_case(bed: Bed, name: str, delay_ms: float, init: str = "",
         "naks_ignored": sum(s.get("nak_ignored", 0) for s in st),
         "window_cuts": sum(s.get("window_cuts", 0) for s in st),
         "held": sum(s.get("rx_held", 0) for s in st),
+        "holes_reported": sum(s.get("holes_reported", 0) for s in st),
+        # Retransmitted packets by what resent them (QueuePair.retransmit's ``why``).
+        "retx_by": {k[5:]: sum(s.get(k, 0) for s in st)
+                    for k in sorted({k for s in st for k in s if k.startswith("retx_")})},
         "lost": imp["drop"], "duplicated": imp["dup"],
     }
     if relay is not None:

@@ -50,6 +50,15 @@ SOFTWARE_WINDOW_BYTES = 1 << 20
 """Send window when every peer is a software engine: three peers at once fit its 4 MiB
 socket buffer, and on a shared CPU a descheduled receiver then stalls its sender less.
 A peer whose socket buffer is smaller gets less (:meth:`Engine.fit_window`)."""
+SOFTWARE_WINDOW_PACKETS = 256
+"""...and at most this many packets: a receiver's cost is per packet, so below a 4 KiB
+MTU a 1 MiB window only queues. At a 1 KiB MTU, 1024 packets in flight made the round
+trip 3-15 ms and each loss's repair wait as long (bench/loss.py; 256: 0.5-1 ms)."""
+
+
+def software_window(mtu: int) -> int:
+    """The send window toward software peers, in packets of ``mtu``."""
+    return min(SOFTWARE_WINDOW_BYTES // mtu, SOFTWARE_WINDOW_PACKETS)
 MIN_WINDOW = 8
 """Packets: the smallest send window a constructor gives (a fitted one may be smaller)."""
 PEER_TIMEOUT_S = 1.25
@@ -213,7 +222,7 @@ class Engine:
         # Bound to the wildcard address, a connected socket would take the route's source
         # address and leave the shared one's: its peer's datagrams would not reach it.
         self.rx_per_peer = (peers > 1 and self.addr[0] != "0.0.0.0"
-                            and fits < peers * (SOFTWARE_WINDOW_BYTES // self.mtu))
+                            and fits < peers * software_window(self.mtu))
         return self.rx_per_peer
 
     def open_peer_sockets(self) -> None:
@@ -645,7 +654,7 @@ class Engine:
         wait = 0.05
         for qp in self.by_peer.values():
             if qp.outstanding:
-                wait = min(wait, max(0.0, qp.last_progress + min(qp.rto, self.rto_s) - now))
+                wait = min(wait, max(0.0, qp.last_progress + qp.timer_wait(self.rto_s) - now))
             if qp.ack_due > 0:
                 wait = min(wait, max(0.0, qp.ack_due - now))
         job_wait = self.jobs.wait_s(now)

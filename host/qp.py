@@ -30,6 +30,7 @@ import ctypes
 import functools
 import socket
 import struct
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -51,7 +52,7 @@ from fpgaccl.proto.opcodes import (
     psn_diff,
     split_syndrome,
 )
-from fpgaccl.proto.reliability import HOLD_PACKETS, NAK_HOLDOFF_PACKETS
+from fpgaccl.proto.reliability import NAK_HOLDOFF_PACKETS, hold_packets
 
 from . import native, wire
 
@@ -76,11 +77,21 @@ _ROW_EXTRA = wire.BTH_LEN + wire.ICRC_LEN
 MIN_CWND = 16
 """Packets: the smallest congestion window a loss cuts to. A loss is NAKed only once
 NAK_HOLDOFF_PACKETS behind it have arrived: with 4 in flight most losses at 10 % waited
-for the timer (bench/loss.py)."""
+for the timer (bench/loss.py). A higher floor for NAKed losses (which may be random, not
+congestion) was faster at random loss, but a receive buffer that overflows loses most of
+every burst, and only a window this small gets through it
+(test_zero_copy_sends_survive_kernel_drops)."""
 RTO_MIN_S = 0.003
 """The adaptive retransmit timeout's floor: a spurious expiry resends one packet only, and
 a loaded machine's scheduling delays reach milliseconds; above engine.ACK_DELAY_S (2 ms), which a
 coalesced ACK may wait."""
+PROBE_MIN_S = 0.001
+"""The tail-loss probe's floor (the first expiry, at twice the smoothed round trip): a
+spurious probe costs one packet, and a stalled window behind a lost resend costs the
+whole wait."""
+REPORT_AGAIN_S = 0.001
+"""A holding responder reports its holes again (on a duplicate, a probe or a filled gap)
+at most this often: the requester acts on a report at most once a round trip anyway."""
 TRIES_PER_PEER_TIMEOUT = 8
 """The retransmit backoff is capped at ``peer_timeout_s / TRIES_PER_PEER_TIMEOUT``: a live
 peer behind a lossy link gets this many tries before it is declared dead. With 10 % loss
@@ -380,7 +391,11 @@ class QueuePair:
         self.dropped_early = False  # an early packet was dropped since the last in-order one
         self.dropped_to = -1  # the last PSN dropped early, until epsn passes it
         self.held: set[int] = set()  # PSNs ahead of epsn whose MIDDLE is already written
+        # Early packets kept aside for a selective peer: PSN -> (opcode, AckReq, datagram).
+        self.early: dict[int, tuple[int, int, bytes]] = {}
         self.reported = -1  # holes before this PSN are reported to a selective peer
+        self.top = -1  # the farthest PSN held, while any is
+        self.reported_at = 0.0  # when the holes were last all reported again
         self.ack_pending = False
         # Deferred ACKs (software peers only: the communicator sets ``ack_delay`` from the
         # rendezvous): ack_due 0 = none, -1 = one waits for the engine to stamp it, else
@@ -705,7 +720,7 @@ class QueuePair:
                 # The gap is a hole already resent: its resend is still on its way.
                 self.engine.stats["nak_ignored"] += 1
                 return
-            if self._stale_nak(psn, now):
+            if not self.selective and self._stale_nak(psn, now):
                 self.engine.stats["nak_ignored"] += 1
                 return
             self.nak_psn, self.nak_at = psn, now
@@ -713,7 +728,7 @@ class QueuePair:
             if self.selective:
                 self._repair(now)
             else:
-                self.retransmit(now)
+                self.retransmit(now, why="nak")
         elif kind == AethKind.NAK:
             self.error = RemoteAccessError(
                 f"peer {self.peer} NAKed PSN {psn}: {NakCode(code).name}"
@@ -757,9 +772,9 @@ class QueuePair:
             self.gbn_psn = -1
             if resend:
                 if nak or not self.gbn_probe or self.inflight <= MIN_CWND:
-                    self.retransmit(now)
+                    self.retransmit(now, why="unheld")
                 else:
-                    self.retransmit(now, MIN_CWND)
+                    self.retransmit(now, MIN_CWND, why="unheld")
                     self.gbn_psn = (out[0][0] + MIN_CWND) & wire.PSN_MASK
                 return True
         return False
@@ -834,8 +849,11 @@ class QueuePair:
         self.gbn_probe = probe
         self.last_progress = now
         self.rtt_psn = -1
+        self.engine.stats["retx_probe" if probe else "retx_oldest"] += 1
         self._resend_one(self.outstanding[0], 0)
         lost = self.outstanding[0][0]
+        if self.selective:
+            self.hole_at[lost] = now
         # A go-back-N responder holds nothing after a gap.
         first = self._unheld_from() if self.selective else (lost + 1) & wire.PSN_MASK
         self.gbn_psn = first if psn_diff(first, self.next_psn) < 0 else -1
@@ -843,26 +861,34 @@ class QueuePair:
 
     def _unheld_from(self) -> int:
         """The first outstanding PSN after the oldest that a holding responder, missing
-        the oldest, could not have held: the first that is not a WRITE MIDDLE (a MIDDLE
-        after a missing FIRST is not held either), or HOLD_PACKETS ahead."""
+        the oldest, could not have held: a software responder keeps whatever lies within
+        hold_packets; toward one that holds only MIDDLEs of the WRITE in progress, the
+        first that is not a WRITE MIDDLE (a MIDDLE after a missing FIRST is not held
+        either)."""
         out = self.outstanding
         start = out[0][0]
+        limit = hold_packets(self.engine.mtu)
+        if self.selective:
+            if psn_diff(self.next_psn, start) <= limit:
+                return self.next_psn
+            return (start + limit) & wire.PSN_MASK
         if _opcode(out[0]) != _MIDDLE:
             # A FIRST or ONLY (no WRITE in progress there), or a LAST (the next is a FIRST).
             return (start + 1) & wire.PSN_MASK
         for entry in out:
             d = psn_diff(entry[0], start)
-            if d >= HOLD_PACKETS:
+            if d >= limit:
                 break
             if d and _opcode(entry) != _MIDDLE:
                 return entry[0]
-        if psn_diff(self.next_psn, start) <= HOLD_PACKETS:
+        if psn_diff(self.next_psn, start) <= limit:
             return self.next_psn
-        return (start + HOLD_PACKETS) & wire.PSN_MASK
+        return (start + limit) & wire.PSN_MASK
 
     def _resent_lately(self, psn: int, now: float) -> bool:
-        """Whether a hole report had ``psn`` resent less than a round trip ago."""
-        return now - self.hole_at.get(psn, -1.0) < self.srtt
+        """Whether ``psn`` was resent alone less than a round trip ago (the timeout
+        until a round trip is measured)."""
+        return now - self.hole_at.get(psn, -1.0) < (self.srtt or self.rto)
 
     def _resend_hole(self, psn: int, now: float) -> None:
         """Resend the outstanding packet ``psn`` alone, once a round trip at most."""
@@ -874,6 +900,7 @@ class QueuePair:
             if i < entry[3]:
                 self.hole_at[psn] = now
                 self.rtt_psn = -1
+                self.engine.stats["retx_hole"] += 1
                 self._resend_one(entry, i)
                 return
 
@@ -889,9 +916,9 @@ class QueuePair:
             seg = len(parts) // k
             self.engine.transmit((parts[i * seg:(i + 1) * seg],), self.addr)
 
-    def retransmit(self, now: float, limit: int = 0) -> None:
+    def retransmit(self, now: float, limit: int = 0, why: str = "timer") -> None:
         """Go-back-N: resend every unacknowledged packet, oldest first (the first
-        ``limit`` only, if it is not 0)."""
+        ``limit`` only, if it is not 0); counted under ``retx_<why>`` too."""
         self.last_progress = now
         if not self.outstanding:
             return
@@ -899,6 +926,7 @@ class QueuePair:
         left = limit if 0 < limit < self.inflight else self.inflight
         self.resent_to = (self.next_psn - self.inflight + left) & wire.PSN_MASK
         self.engine.stats["retransmits"] += left
+        self.engine.stats["retx_" + why] += left
         batch: list = []
         for _, parts, _, k in self.outstanding:
             if not left:
@@ -929,7 +957,7 @@ class QueuePair:
         # so that retry_limit still spans seconds.
         base = min(rto, self.rto)
         if not self.retries:
-            return max(RTO_MIN_S, min(base, 2 * self.srtt)) if self.srtt else base
+            return max(PROBE_MIN_S, min(base, 2 * self.srtt)) if self.srtt else base
         peer_timeout = getattr(self.engine, "peer_timeout_s", None)
         if peer_timeout:
             return min(base * (1 << min(self.retries, 4)), peer_timeout / TRIES_PER_PEER_TIMEOUT)
@@ -958,30 +986,59 @@ class QueuePair:
                 # First expiry: probe with the oldest packet only. On a starved CPU most
                 # timeouts are spurious, and the responder re-ACKs a duplicate, so this
                 # avoids resending a whole window that already arrived; a real loss is
-                # recovered by the full go-back-N on the next expiry (or by a NAK).
+                # recovered by the go-back-N on the next expiry (or by a NAK).
                 self.last_progress = now
                 self._repair(now, probe=True)  # and then what the peer could not hold
+            elif self.selective and self.inflight > MIN_CWND:
+                # A software responder holds what reached it, and reports its holes on
+                # the probe; but a full socket buffer may have taken whole bursts (and
+                # its reports). A window's floor goes again, the next once the ACKs stop
+                # exactly where this one ends (_acked), and none once they pass it.
+                self.retransmit(now, MIN_CWND, why="timer")
+                self.gbn_probe = True
+                self.gbn_psn = (self.outstanding[0][0] + MIN_CWND) & wire.PSN_MASK
             else:
-                self.retransmit(now)
+                self.retransmit(now, why="timer")
 
     # ---------------------------------------------------------------- responder
     def on_write(self, opcode: int, psn: int, ackreq: int, pkt: memoryview, end: int) -> None:
+        early = self.early
+        if not early:
+            self._on_write(opcode, psn, ackreq, pkt, end)
+            return
+        early.pop(psn, None)  # its resend came in order: the copy kept aside is stale
+        self._on_write(opcode, psn, ackreq, pkt, end)
+        # Packets kept aside that now follow in order are taken as if they arrived now.
+        while (kept := early.pop(self.epsn, None)) is not None:
+            self._on_write(kept[0], self.epsn, kept[1], memoryview(kept[2]), len(kept[2]))
+        if early and psn_diff(self.epsn, psn) > 0:
+            # A new gap with packets behind it: it has waited long enough (as
+            # _advance_held), and the NAK ACKs what precedes it.
+            self._report_again()
+            if not self.nak_sent:
+                self.ack_pending = False
+                self._nak_gap()
+
+    def _on_write(self, opcode: int, psn: int, ackreq: int, pkt: memoryview, end: int) -> None:
         eng = self.engine
         d = psn_diff(psn, self.epsn)
         if d < 0:
             # A retransmission of something we have: drop it, re-ACK so the sender
-            # learns how far we got even if our earlier ACK was lost.
+            # learns how far we got even if our earlier ACK was lost (and what we still
+            # miss: the sender probes when its timer finds its resends lost too).
             eng.drop(DropReason.PSN_DUPLICATE)
             self.ack_pending = True
+            if self.top >= 0 and self.selective:
+                self._report_again()
             return
         if d > 0:
-            if self._hold(opcode, psn, d, pkt, end):
+            if self._hold(opcode, psn, ackreq, d, pkt, end):
                 return
             eng.drop(DropReason.PSN_OUT_OF_ORDER)
             self.dropped_early = True
             if self.dropped_to < 0 or psn_diff(psn, self.dropped_to) > 0:
                 self.dropped_to = psn
-            if self.selective and self.w_off >= 0:
+            if self.selective:
                 self._report_holes(d)
             self._nak_gap()
             return
@@ -1104,20 +1161,31 @@ class QueuePair:
             self.engine.stats["rx_held_discarded"] += len(self.held)
             self.held.clear()
 
-    def _hold(self, opcode: int, psn: int, d: int, pkt: memoryview, end: int) -> bool:
-        """Store an early WRITE MIDDLE of the WRITE in progress, ``d`` PSNs ahead, where
-        it belongs (proto/reliability.py); False if it may not be held."""
+    def _hold(self, opcode: int, psn: int, ackreq: int, d: int, pkt: memoryview,
+              end: int) -> bool:
+        """Hold an early packet ``d`` PSNs ahead (proto/reliability.py): a MIDDLE of the
+        WRITE in progress is written where it belongs; toward a selective peer anything
+        else is kept aside. False if it may not be held."""
         mtu = self.engine.mtu
-        if (opcode != _MIDDLE or self.w_off < 0 or d >= HOLD_PACKETS or pkt[1] & 0x30
-                or end - wire.BTH_LEN - wire.ICRC_LEN != mtu
-                or (d + 1) * mtu >= self.w_len - self.w_done):
+        if d >= hold_packets(mtu):
             return False
-        if psn in self.held:
+        if psn in self.held or psn in self.early:
             self.engine.drop(DropReason.PSN_DUPLICATE)
+            if self.selective:
+                self._report_again()
             return True
-        start = self.w_off + self.w_done + d * mtu
-        self.w_mr.view[start:start + mtu] = pkt[wire.BTH_LEN:wire.BTH_LEN + mtu]
-        self.held.add(psn)
+        if (opcode == _MIDDLE and self.w_off >= 0 and not pkt[1] & 0x30
+                and end - wire.BTH_LEN - wire.ICRC_LEN == mtu
+                and (d + 1) * mtu < self.w_len - self.w_done):
+            start = self.w_off + self.w_done + d * mtu
+            self.w_mr.view[start:start + mtu] = pkt[wire.BTH_LEN:wire.BTH_LEN + mtu]
+            self.held.add(psn)
+        elif self.selective:
+            self.early[psn] = (opcode, ackreq, bytes(pkt[:end]))
+        else:
+            return False
+        if self.top < 0 or psn_diff(psn, self.top) > 0:
+            self.top = psn
         self.engine.stats["rx_held"] += 1
         if self.selective:
             self._report_holes(d)
@@ -1126,24 +1194,38 @@ class QueuePair:
         return True
 
     def _report_holes(self, d: int) -> None:
-        """A packet ``d`` PSNs ahead has arrived: report each PSN of the WRITE in progress
-        that is still missing NAK_HOLDOFF_PACKETS or more behind it, once, to a selective
-        peer (a NAK whose MSN names the hole: proto/reliability.py)."""
-        mtu = self.engine.mtu
-        end = min(d - NAK_HOLDOFF_PACKETS + 1, HOLD_PACKETS,
-                  -(-(self.w_len - self.w_done) // mtu) - 1)  # holdable: before the LAST
+        """A packet ``d`` PSNs ahead has arrived: report each PSN that is still missing
+        NAK_HOLDOFF_PACKETS or more behind it, once, to a selective peer (a NAK whose MSN
+        names the hole: proto/reliability.py)."""
+        end = min(d - NAK_HOLDOFF_PACKETS + 1, hold_packets(self.engine.mtu))
         start = max(0, psn_diff(self.reported, self.epsn)) if self.reported >= 0 else 0
         if end <= start:
             return
-        epsn, held = self.epsn, self.held
+        epsn, held, early = self.epsn, self.held, self.early
         for i in range(start, end):
             q = (epsn + i) & wire.PSN_MASK
             if not i:
                 self._nak_gap()
-            elif q not in held:
+            elif q not in held and q not in early:
                 self.engine.stats["holes_reported"] += 1
                 self.send_ack(aeth_syndrome(AethKind.NAK, NakCode.PSN_SEQUENCE_ERROR), epsn, q)
         self.reported = (epsn + end) & wire.PSN_MASK
+
+    def _report_again(self) -> None:
+        """Report every hole behind the farthest held packet again, the first with a NAK
+        even if one was sent (a resend of it may be lost), at most once a millisecond:
+        the requester resends each at most once a round trip."""
+        if not (self.held or self.early):
+            self.top = -1
+            return
+        now = time.monotonic()
+        if now - self.reported_at < REPORT_AGAIN_S:
+            return
+        self.reported_at = now
+        self.reported = -1
+        self.nak_sent = False
+        self.ack_pending = False
+        self._report_holes(psn_diff(self.top, self.epsn) + NAK_HOLDOFF_PACKETS - 1)
 
     def _nak_gap(self) -> None:
         if not self.nak_sent:
@@ -1167,6 +1249,8 @@ class QueuePair:
             # Held packets behind a new gap: it has waited long enough. The NAK also
             # ACKs everything before it.
             self.ack_pending = False
+            if self.selective:
+                self._report_again()
             self._nak_gap()
 
     def on_middle_run(self, rows: np.ndarray, seed: int) -> int:
@@ -1200,13 +1284,16 @@ class QueuePair:
         return m
 
     def on_middle_runs(self, buf: int, j: int, r: int, meta: list[int], seg: int, dqpn: int,
-                       seed: int) -> tuple[int, int]:
+                       seed: int, psn: int) -> tuple[int, int]:
         """:meth:`on_middle_run` over the received runs j, j + 1, ... of the engine's
         receive batch at ``buf`` (``fp_take_runs``; ``meta``: the batch's lens, segs,
-        addrs, ports arrays). Returns (datagrams taken, runs taken whole)."""
+        addrs, ports arrays), the first datagram's PSN ``psn``. Returns (datagrams taken,
+        runs taken whole)."""
         fp = self.fastpath
-        if self.w_off < 0 or wire.MASK_W2 or fp is None or self._recovering():
+        if self.w_off < 0 or wire.MASK_W2 or fp is None:
             return 0, 0
+        if self._recovering():
+            return self._early_runs(buf, j, r, meta, seg, dqpn, seed, psn)
         pay = seg - wire.BTH_LEN - wire.ICRC_LEN
         room = self._middle_room(pay)
         if room <= 0:
@@ -1223,9 +1310,51 @@ class QueuePair:
             self.ack_pending = True
         return taken, self._whole.value
 
+    def _early_runs(self, buf: int, j: int, r: int, meta: list[int], seg: int, dqpn: int,
+                    seed: int, psn: int) -> tuple[int, int]:
+        """:meth:`on_middle_runs` for runs that arrive behind a gap: early MIDDLEs of the
+        WRITE in progress are held (written where they belong) in C, as :meth:`_hold`
+        holds them one by one; the rest (a fill at the expected PSN, packets that may not
+        be held) is left to :meth:`on_write`."""
+        mtu = self.engine.mtu
+        d = psn_diff(psn, self.epsn)
+        limit = hold_packets(mtu)
+        if d <= 0 or d >= limit or seg - _ROW_EXTRA != mtu:
+            return 0, 0
+        start = self.w_off + self.w_done + d * mtu
+        room = min(-(-(self.w_len - self.w_done) // mtu) - 1 - d,  # the MIDDLEs before the LAST
+                   limit - d, (self.w_mr.buf.size - start) // mtu)
+        if room <= 0:
+            return 0, 0
+        fp = self.fastpath
+        state = _middle_state(seed, dqpn & wire.QPN_MASK)
+        taken = fp.take_runs(buf, native.SLOT_BYTES, j, r, *meta, seg, wire.BTH_LEN, psn,
+                             wire.PSN_MASK, wire.ACKREQ, state, fp.crc,
+                             self.w_mr.va + start, room, self._ackreq_ref, self._whole_ref,
+                             None, 0)
+        if not taken:
+            return 0, 0
+        held = self.held
+        before = len(held)
+        end = psn + taken
+        held.update(range(psn, end) if end <= wire.PSN_MASK + 1 else
+                    (q & wire.PSN_MASK for q in range(psn, end)))
+        new = len(held) - before
+        self.engine.stats["rx_held"] += new
+        if taken > new:
+            self.engine.drops[DropReason.PSN_DUPLICATE] += taken - new
+        last = (end - 1) & wire.PSN_MASK
+        if self.top < 0 or psn_diff(last, self.top) > 0:
+            self.top = last
+        if self.selective:
+            self._report_holes(d + taken - 1)
+        elif d + taken - 1 >= NAK_HOLDOFF_PACKETS:
+            self._nak_gap()
+        return taken, self._whole.value
+
     def _recovering(self) -> bool:
         """Whether in-order packets need :meth:`on_write` (a gap's state), not a fast path."""
-        return bool(self.held) or self.nak_sent or self.dropped_early
+        return bool(self.held) or bool(self.early) or self.nak_sent or self.dropped_early
 
     def _middle_room(self, pay: int) -> int:
         """How many MIDDLEs of ``pay`` bytes the WRITE in progress may still take."""
@@ -1397,7 +1526,7 @@ class QueuePair:
                 b.notify_on, b.notify_psn = 1, (first + n - 1) & wire.PSN_MASK
                 break
         b.last_progress = self.last_progress
-        b.rto = self.rto
+        b.rto = self.timer_wait(self.engine.rto_s)
         return meta
 
     def bulk_tx_done(self, b: native.Bulk, meta: np.ndarray) -> None:

@@ -164,17 +164,19 @@ class Receiver:
             part = 0
 
     def _run_qp(self, run: np.ndarray, src: int, sport: int, seg: int
-                ) -> tuple[QueuePair, int, int] | None:
+                ) -> tuple[QueuePair, int, int, int] | None:
         """The queue pair a run of MIDDLEs starting at ``run`` is for, its BTH's DestQP
-        word and the run's ICRC seed; None where the run is not one to take at once."""
+        word, the run's ICRC seed and its first PSN; None where the run is not one to
+        take at once."""
         if seg <= wire.BTH_LEN + wire.ICRC_LEN or run[0] != _MIDDLE or run[1]:
             return None  # not a MIDDLE, or a pad / header version / SE / MigReq bit
-        _, _, _, dqpn, _ = wire.BTH_FMT.unpack_from(run)
+        _, _, _, dqpn, w2 = wire.BTH_FMT.unpack_from(run)
         qp = self.qps.get(dqpn & wire.QPN_MASK)
         if qp is None or src != qp.dst_ip or (sport != qp.peer_sport
                                                and sport != qp.peer_sport_alt):
             return None  # packet() counts it
-        return qp, dqpn, wire.icrc_seed(src, qp.src_ip, sport, self.port, wire.UDP_LEN + seg)
+        return (qp, dqpn, wire.icrc_seed(src, qp.src_ip, sport, self.port, wire.UDP_LEN + seg),
+                w2 & wire.PSN_MASK)
 
     def _middle_runs(self, j: int, r: int, seg: int, src: int, sport: int) -> tuple[int, int]:
         """:meth:`_middle_run` for the received runs j, j + 1, ... of a batch at once
@@ -184,9 +186,9 @@ class Receiver:
         found = self._run_qp(self._rxarr[base:base + 12], src, sport, seg)
         if found is None:
             return 0, 0
-        qp, dqpn, seed = found
+        qp, dqpn, seed, psn = found
         taken, whole = qp.on_middle_runs(self._rxaddr, j, r, self._rxmeta_addr, seg, dqpn,
-                                         seed)
+                                         seed, psn)
         self.stats["rx_packets"] += taken
         self.stats["rx_coalesced"] += taken
         if not taken:
@@ -203,7 +205,7 @@ class Receiver:
         found = self._run_qp(run, src, sport, seg)
         if found is None:
             return 0
-        qp, _, seed = found
+        qp, _, seed, _ = found
         took = qp.on_middle_run(run.reshape(k, seg), seed)
         self.stats["rx_packets"] += took
         self.stats["rx_coalesced"] += took

@@ -5,20 +5,22 @@ what a responder keeps differs.
 
 * A **go-back-N responder** (the HDL, ``hw/transport/responder.py``) drops every packet
   after a gap and NAKs once per gap; its requester resends everything from the NAKed PSN.
-* A **holding responder** (the software engine) also stores an early RDMA WRITE MIDDLE when
-  its address is known: it belongs to the WRITE in progress (whose FIRST has landed), lies
-  fewer than :data:`HOLD_PACKETS` PSNs ahead, carries a full path-MTU payload and is not the
-  WRITE's last packet (PSN arithmetic says so: ``(d + 1) * mtu < bytes still due``). It is
-  written at ``offset + d * mtu`` and counted as held; the expected PSN jumps over held PSNs
-  once the gap fills. Anything else early (a FIRST, LAST, ONLY, a packet past the limit) is
-  dropped as the go-back-N responder drops it, and NAKed at once. While early packets are
-  held, the NAK for the gap waits until one :data:`NAK_HOLDOFF_PACKETS` or more ahead
-  arrives (small reordering is no loss). A packet that fills a gap this responder NAKed
-  or dropped behind is ACKed at once; if held packets remain behind a new gap, that gap
-  is NAKed at once (the NAK ACKs what precedes it).
+* A **holding responder** (the software engine) also keeps early packets that lie fewer
+  than :func:`hold_packets` PSNs ahead. An RDMA WRITE MIDDLE whose address is known (it
+  belongs to the WRITE in progress, carries a full path-MTU payload and is not the WRITE's
+  last packet: ``(d + 1) * mtu < bytes still due``) is written at ``offset + d * mtu``.
+  Toward a software requester, every other early packet (a LAST, the next WRITE's FIRST
+  and MIDDLEs) is kept aside as it came and taken in PSN order once the gap before it
+  fills, exactly as if it had arrived then. Both count as held. Toward an HDL requester,
+  which resends everything after a gap anyway, anything else early is dropped as the
+  go-back-N responder drops it, and NAKed at once. While early packets are held, the NAK
+  for the gap waits until one :data:`NAK_HOLDOFF_PACKETS` or more ahead arrives (small
+  reordering is no loss). A packet that fills a gap this responder NAKed or dropped behind
+  is ACKed at once; if held packets remain behind a new gap, that gap is NAKed at once
+  (the NAK ACKs what precedes it).
 
 A holding responder whose peer is a software engine (known at rendezvous) also **reports
-every hole** of the WRITE in progress, once: when a packet :data:`NAK_HOLDOFF_PACKETS` or
+every hole** it holds packets behind, once: when a packet :data:`NAK_HOLDOFF_PACKETS` or
 more past a missing MIDDLE arrives, it sends a NAK-PSN-sequence-error whose PSN is still
 the expected one (the NAK keeps its cumulative meaning) and whose AETH MSN field carries
 the PSN of that hole (the first hole's NAK names itself). The requester resends each named
@@ -28,15 +30,24 @@ messages as the standard says, and the HDL requester ignores the MSN.
 
 A requester talking to a holding responder resends, on a NAK (or a first timer expiry),
 the oldest packet alone and, if the ACKs then stop exactly at the first packet the
-responder could not hold, everything from there. It stays correct against a go-back-N
+responder could not hold (toward a software responder: the first :func:`hold_packets`
+ahead), everything from there. It stays correct against a go-back-N
 responder only if it knows which kind it talks to: a software engine announces itself at
 rendezvous, an HDL node is go-back-N. A go-back-N
 requester (the HDL) stays correct against a holding responder: what it resends and the
 responder holds is a duplicate, dropped and re-ACKed.
 """
 
-HOLD_PACKETS = 512
-"""How far ahead of the expected PSN a holding responder stores an early WRITE MIDDLE."""
+HOLD_BYTES = 1 << 20
+"""How far ahead of the expected PSN a holding responder keeps early packets, in payload
+bytes: a software engine's whole send window (``engine.software_window``), so that
+one loss never costs the packets sent after it."""
+
+
+def hold_packets(mtu: int) -> int:
+    """How many PSNs ahead of the expected one a holding responder keeps, at ``mtu``."""
+    return max(1, HOLD_BYTES // mtu)
+
 
 NAK_HOLDOFF_PACKETS = 3
 """A holding responder NAKs a gap once a packet this far (or farther) ahead arrives. Small,
@@ -44,4 +55,4 @@ like TCP's three duplicate ACKs: a loss cut window is often under 16 packets, an
 holdoff of 16 its losses waited for the timer (bench/loss.py, idle: 3 halved the time at
 5 % and 10 % loss); a spurious NAK for a reordered packet costs one resent packet."""
 
-__all__ = ["HOLD_PACKETS", "NAK_HOLDOFF_PACKETS"]
+__all__ = ["HOLD_BYTES", "NAK_HOLDOFF_PACKETS", "hold_packets"]

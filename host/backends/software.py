@@ -29,9 +29,9 @@ from ..engine import (
     PEER_TIMEOUT_S,
     RETRY_LIMIT,
     SOCKET_BUFFER_BYTES,
-    SOFTWARE_WINDOW_BYTES,
     Engine,
     Job,
+    software_window,
 )
 from ..executor import DEFAULT_STAGE_BYTES, CollectiveRegion, SignatureCheck, execute
 from ..link import ImpairedLink
@@ -153,7 +153,7 @@ class SoftwareBackend:
         # Only software peers: a bigger send window (an HDL node's receive path has no
         # socket buffer to absorb one).
         if all(t.get("backend") == "software" for t in table):
-            engine.window = max(engine.window, SOFTWARE_WINDOW_BYTES // engine.mtu)
+            engine.window = max(engine.window, software_window(engine.mtu))
         else:
             # A simulated node's clock runs far slower than the wall clock: its silence
             # says nothing of its liveness (the deadline still bounds a call's waits).

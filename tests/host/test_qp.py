@@ -9,6 +9,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
+from fpgaccl.host import qp as qp_mod
 from fpgaccl.host import wire
 from fpgaccl.host.qp import MIN_CWND, RTO_MIN_S, MemoryRegion, Message, QueuePair
 from fpgaccl.proto.drops import DropReason
@@ -74,34 +75,26 @@ def test_nak_from_a_holding_peer_resends_the_nakked_packet_alone() -> None:
     # A duplicated NAK resends nothing more.
     qp.on_ack(PSN0 + 5, NAK_SEQ, 0.001)
     assert len(eng.out) == 1 and eng.stats["nak_ignored"] == 1
-    # The peer held the MIDDLEs, not the LAST: once the ACKs reach it, the LAST goes again.
-    qp.on_ack(PSN0 + 30, wire.ACK_SYNDROME, 0.002)
-    assert len(eng.out) == 1
+    # The peer held everything after the hole, the LAST too: nothing more goes.
     qp.on_ack(PSN0 + 38, wire.ACK_SYNDROME, 0.002)
-    assert [_psn(d) for d in eng.out[1:]] == [PSN0 + 39]
-    assert eng.out[1][0] == Opcode.RDMA_WRITE_LAST_WITH_IMMEDIATE
+    assert len(eng.out) == 1
+    qp.on_ack(PSN0 + 39, wire.ACK_SYNDROME, 0.002)
+    assert len(eng.out) == 1 and not qp.outstanding
 
 
-@pytest.mark.parametrize("answer", ["ack", "nak"])
-def test_nak_of_a_last_from_a_holding_peer_resends_what_follows_once_it_is_acked(
-        answer: str) -> None:
+def test_a_lost_last_costs_a_holding_peer_that_packet_alone() -> None:
     qp, eng = _qp(selective=True)
     _send(qp, 3)
     _send(qp, 3)
     eng.out.clear()
-    qp.on_ack(PSN0 + 2, NAK_SEQ, 0.001)  # the first message's LAST: the next was not held
+    qp.on_ack(PSN0 + 2, NAK_SEQ, 0.001, PSN0 + 2)  # the first message's LAST
     assert [_psn(d) for d in eng.out] == [PSN0 + 2]
-    # The responder answers the resent LAST with an ACK, or (having dropped the next FIRST
-    # since) a NAK of that FIRST: either way the rest goes again, once.
-    if answer == "ack":
-        qp.on_ack(PSN0 + 2, wire.ACK_SYNDROME, 0.002)
-    else:
-        qp.on_ack(PSN0 + 3, NAK_SEQ, 0.002)
-    assert [_psn(d) for d in eng.out[1:]] == [PSN0 + 3, PSN0 + 4, PSN0 + 5]
+    # The next message was kept aside, and is taken once the LAST fills.
+    qp.on_ack(PSN0 + 5, wire.ACK_SYNDROME, 0.002)
+    assert len(eng.out) == 1 and not qp.outstanding
 
 
-@pytest.mark.parametrize("spurious", [False, True])
-def test_timer_probe_to_a_holding_peer_resends_what_it_could_not_hold(spurious: bool) -> None:
+def test_a_timer_probe_to_a_holding_peer_resends_the_oldest_alone() -> None:
     qp, eng = _qp(selective=True)
     _send(qp, 3)
     _send(qp, 3)
@@ -109,12 +102,34 @@ def test_timer_probe_to_a_holding_peer_resends_what_it_could_not_hold(spurious: 
     eng.out.clear()
     qp.check_timer(1.0, 0.05)  # the first message's LAST went unACKed
     assert [_psn(d) for d in eng.out] == [PSN0 + 2]
-    if spurious:  # it had arrived, and all after it: the ACK says so, nothing more goes
-        qp.on_ack(PSN0 + 5, wire.ACK_SYNDROME, 1.001)
-        assert len(eng.out) == 1 and not qp.outstanding
-    else:  # the LAST was lost, and the next message dropped behind it
-        qp.on_ack(PSN0 + 2, wire.ACK_SYNDROME, 1.001)
-        assert [_psn(d) for d in eng.out[1:]] == [PSN0 + 3, PSN0 + 4, PSN0 + 5]
+    # The peer held what followed the LAST: the ACK says so, nothing more goes.
+    qp.on_ack(PSN0 + 5, wire.ACK_SYNDROME, 1.001)
+    assert not qp.outstanding and len(eng.out) == 1
+
+
+def test_a_second_expiry_toward_a_holding_peer_resends_a_window_floor_at_a_time() -> None:
+    qp, eng = _qp(window=256, selective=True)
+    _send(qp, 200)
+    eng.out.clear()
+    qp.check_timer(1.0, 0.05)  # a probe; lost, or its answer was
+    qp.check_timer(2.0, 0.05)  # a full socket buffer may have taken whole bursts
+    assert [_psn(d) for d in eng.out] == [PSN0, *range(PSN0, PSN0 + MIN_CWND)]
+    eng.out.clear()
+    qp.on_ack(PSN0 + MIN_CWND - 1, wire.ACK_SYNDROME, 2.001)  # it had none past them
+    assert [_psn(d) for d in eng.out] == list(range(PSN0 + MIN_CWND, PSN0 + 2 * MIN_CWND))
+    eng.out.clear()
+    qp.on_ack(PSN0 + 199, wire.ACK_SYNDROME, 2.002)  # it had all of the rest
+    assert not eng.out and not qp.outstanding
+
+
+def test_a_go_back_n_peer_gets_a_go_back_n_on_the_second_expiry() -> None:
+    qp, eng = _qp(selective=False)
+    _send(qp, 6)
+    eng.out.clear()
+    qp.check_timer(1.0, 0.05)
+    assert [_psn(d) for d in eng.out] == [PSN0]
+    qp.check_timer(2.0, 0.05)
+    assert [_psn(d) for d in eng.out[1:]] == list(range(PSN0, PSN0 + 6))
 
 
 def test_a_hole_report_resends_the_hole_alone_once_a_round_trip() -> None:
@@ -144,44 +159,24 @@ def test_a_go_back_n_requester_reads_no_hole_in_the_msn() -> None:
 
 
 @pytest.mark.parametrize("answer", ["ack", "nak"])
-def test_only_a_nak_after_a_probe_resends_the_whole_window(answer: str) -> None:
+def test_what_lies_past_a_holding_peers_limit_goes_again(answer: str, monkeypatch) -> None:
+    monkeypatch.setattr(qp_mod, "hold_packets", lambda mtu: 16)
     qp, eng = _qp(window=128, selective=True)
     _send(qp, 3)
     _send(qp, 60)
     qp.on_ack(PSN0 + 1, wire.ACK_SYNDROME, 0.001)
     eng.out.clear()
-    qp.check_timer(1.0, 0.05)  # the first message's LAST went unACKed
+    if answer == "nak":  # the responder dropped the LAST's successors past its limit
+        qp.on_ack(PSN0 + 2, NAK_SEQ, 0.002, PSN0 + 2)
+    else:
+        qp.check_timer(1.0, 0.05)  # the first message's LAST went unACKed
     assert [_psn(d) for d in eng.out] == [PSN0 + 2]
     eng.out.clear()
-    if answer == "nak":  # the responder dropped what followed the LAST: all of it again
-        qp.on_ack(PSN0 + 3, NAK_SEQ, 1.001, PSN0 + 3)
-        assert [_psn(d) for d in eng.out] == list(range(PSN0 + 3, PSN0 + 63))
-        return
-    # An ACK that stops there may come from a responder that was only slow: a window's
-    # floor goes again, and the next one once the ACKs reach it.
-    qp.on_ack(PSN0 + 2, wire.ACK_SYNDROME, 1.001)
-    assert [_psn(d) for d in eng.out] == list(range(PSN0 + 3, PSN0 + 3 + MIN_CWND))
-    eng.out.clear()
-    qp.on_ack(PSN0 + 2 + MIN_CWND, wire.ACK_SYNDROME, 1.002)
-    assert [_psn(d) for d in eng.out][:MIN_CWND] == list(
-        range(PSN0 + 3 + MIN_CWND, PSN0 + 3 + 2 * MIN_CWND))
-    eng.out.clear()
-    qp.on_ack(PSN0 + 62, wire.ACK_SYNDROME, 1.003)  # it had everything: no more resends
-    assert not eng.out and not qp.outstanding
-
-
-def test_after_a_nak_an_ack_at_the_first_unheld_packet_resends_the_rest() -> None:
-    qp, eng = _qp(window=128, selective=True)
-    _send(qp, 3)
-    _send(qp, 60)
-    eng.out.clear()
-    qp.on_ack(PSN0 + 2, NAK_SEQ, 0.001, PSN0 + 2)  # the LAST: the responder dropped it
-    assert [_psn(d) for d in eng.out] == [PSN0 + 2]
-    eng.out.clear()
-    # Its fill answered by an ACK (the fill's NAK was a hole resent already, or lost):
-    # a NAK, not a probe, said the rest was dropped, so all of it goes again.
-    qp.on_ack(PSN0 + 2, wire.ACK_SYNDROME, 0.002)
-    assert [_psn(d) for d in eng.out] == list(range(PSN0 + 3, PSN0 + 63))
+    # It held 16 PSNs from the LAST on: once the ACKs stop there, what follows goes again
+    # (after a probe a window's floor at a time, as the responder may only be slow).
+    qp.on_ack(PSN0 + 17, wire.ACK_SYNDROME, 1.001)
+    rest = list(range(PSN0 + 18, PSN0 + 63))
+    assert [_psn(d) for d in eng.out] == (rest if answer == "nak" else rest[:MIN_CWND])
 
 
 def test_nak_from_a_go_back_n_peer_resends_everything_once() -> None:
@@ -195,31 +190,31 @@ def test_nak_from_a_go_back_n_peer_resends_everything_once() -> None:
 
 
 def test_window_halves_on_loss_once_per_round_trip_and_grows_back() -> None:
-    qp, eng = _qp(window=64)
-    _send(qp, 300)
-    assert qp.inflight == 64 and qp.window() == 64
-    qp.on_ack(PSN0 + 10, NAK_SEQ, 0.001)  # 54 outstanding when the loss is known
-    assert qp.window() == 27 and eng.stats["window_cuts"] == 1
+    qp, eng = _qp(window=256)
+    _send(qp, 1000)
+    assert qp.inflight == 256 and qp.window() == 256
+    qp.on_ack(PSN0 + 10, NAK_SEQ, 0.001)  # 246 outstanding when the loss is known
+    assert qp.window() == 123 and eng.stats["window_cuts"] == 1
     qp.on_ack(PSN0 + 20, NAK_SEQ, 0.0011)  # a second loss of the same round trip
-    assert qp.window() == 27 and eng.stats["window_cuts"] == 1
+    assert qp.window() == 123 and eng.stats["window_cuts"] == 1
     eng.out.clear()
-    qp.on_ack(PSN0 + 63, wire.ACK_SYNDROME, 0.002)
+    qp.on_ack(PSN0 + 255, wire.ACK_SYNDROME, 0.002)
     qp.pump(0.002)
     sent = eng.out
-    assert 27 <= qp.inflight == len(sent) < 64
+    assert 123 <= qp.inflight == len(sent) < 256
     # AckReq every half of the cut window, so that the smaller window still gets ACKs.
     asks = [i for i, d in enumerate(sent) if d[8] & 0x80]
     assert asks and all(b - a <= qp.window() // 2 + 1 for a, b in zip([-1, *asks], asks,
                                                                        strict=False))
     # Loss-free round trips grow it back to the engine's window, never past it.
     t = 0.003
-    for _ in range(100):
+    for _ in range(200):
         qp.on_ack((qp.next_psn - 1) & wire.PSN_MASK, wire.ACK_SYNDROME, t)
         if qp.cur is None:
-            _send(qp, 64, t)
+            _send(qp, 256, t)
         qp.pump(t)
         t += 0.001
-    assert qp.window() == 64 and qp.inflight == 64
+    assert qp.window() == 256 and qp.inflight == 256
 
 
 def test_window_never_shrinks_below_its_floor() -> None:
@@ -375,27 +370,79 @@ def test_each_hole_is_reported_once_to_a_selective_peer(selective: bool) -> None
         assert _naks(eng) == [(101, 101), (101, 104), (101, 109)]
     else:  # the standard NAK: one per gap, the MSN the count of messages
         assert _naks(eng) == [(101, 0)]
-    for i in (1, 4, 9):
-        _write(qp, eng, i, data, 40)
-    assert qp.epsn == 130 and not qp.held and eng.stats["holes_reported"] == 2 * selective
+    _write(qp, eng, 1, data, 40)
+    if selective:  # a filled gap with held packets behind it: every hole again
+        assert _naks(eng) == [(104, 104), (104, 109)]
+    _write(qp, eng, 4, data, 40)
+    if selective:
+        assert _naks(eng) == [(109, 109)]
+    _write(qp, eng, 9, data, 40)
+    assert qp.epsn == 130 and not qp.held and eng.stats["holes_reported"] == 3 * selective
     for i in range(30, 40):
         _write(qp, eng, i, data, 40)
     assert qp.ring.buf[:len(data)].tobytes() == data
 
 
-def test_a_fill_with_dropped_packets_behind_it_is_answered_by_a_nak() -> None:
+def test_a_fill_with_dropped_packets_behind_it_is_answered_by_a_nak(monkeypatch) -> None:
+    monkeypatch.setattr(qp_mod, "hold_packets", lambda mtu: 4)
     qp, eng = _qp(selective=True)
     data = bytes(8 * MTU)
     _write(qp, eng, 0, data, 8)
-    for i in range(2, 8):  # 1 missing; the LAST (7) is dropped, not held
+    for i in range(2, 8):  # 1 missing; 2-4 held, 5-7 past the limit and dropped
         _write(qp, eng, i, data, 8)
-    assert eng.drops[DropReason.PSN_OUT_OF_ORDER] == 1
+    assert eng.drops[DropReason.PSN_OUT_OF_ORDER] == 3
     _naks(eng)
     _write(qp, eng, 1, data, 8)
-    # All before the LAST is here: a NAK of the LAST, which a slow responder never sends.
-    assert qp.epsn == 107 and _naks(eng) == [(107, 107)]
-    _write(qp, eng, 7, data, 8)
-    assert qp.epsn == 108 and _acks(eng) == [(AethKind.ACK, 107)]
+    # All before 5 is here: a NAK of 5, which a slow responder never sends.
+    assert qp.epsn == 105 and _naks(eng) == [(105, 105)]
+    for i in range(5, 8):  # resent: the first answers the NAK at once
+        _write(qp, eng, i, data, 8)
+    assert qp.epsn == 108 and _acks(eng) == [(AethKind.ACK, 105), (AethKind.ACK, 107)]
+
+
+def test_a_holding_responder_keeps_later_messages_aside_until_the_gap_fills() -> None:
+    qp, eng = _qp(selective=True)
+    rng = np.random.default_rng(4)
+    first = rng.integers(0, 256, 6 * MTU, np.uint8).tobytes()
+    second = rng.integers(0, 256, 3 * MTU, np.uint8).tobytes()
+    qp.ring.buf[:] = 0
+    _write(qp, eng, 0, first, 6)
+    # Packet 1 is lost; the first WRITE's rest, LAST included, and all of a second WRITE
+    # (its FIRST carries the address) arrive before it.
+    for i in range(2, 6):
+        _write(qp, eng, i, first, 6)
+    base = 6 * MTU
+    for i in range(3):
+        op = (Opcode.RDMA_WRITE_FIRST, Opcode.RDMA_WRITE_MIDDLE,
+              Opcode.RDMA_WRITE_LAST_WITH_IMMEDIATE)[i]
+        reth = {"va": qp.ring.va + base, "rkey": qp.ring.rkey, "dlen": len(second)} \
+            if i == 0 else None
+        dg = _seg(op, 106 + i, second[i * MTU:(i + 1) * MTU], qp.qpn, "127.0.0.2",
+                  "127.0.0.1", reth=reth, ackreq=int(i == 2), imm=0x00070002 if i == 2 else None)
+        qp.on_write(op, 106 + i, int(i == 2), memoryview(dg), len(dg))
+    assert not eng.drops and eng.stats["rx_held"] == 7 and len(qp.early) == 4
+    assert _naks(eng) == [(101, 101)] and not qp.arrived
+    _write(qp, eng, 1, first, 6)
+    assert qp.epsn == 109 and not qp.early and not qp.held
+    assert qp.ring.buf[:base].tobytes() == first
+    assert qp.ring.buf[base:base + len(second)].tobytes() == second
+    assert [(a.coll_id, a.step) for a in qp.arrived] == [(7, 2)]
+    assert _acks(eng) == [(AethKind.ACK, 108)]
+
+
+def test_a_holding_responder_reports_its_holes_again_on_a_probe() -> None:
+    qp, eng = _qp(selective=True)
+    data = bytes(40 * MTU)
+    _write(qp, eng, 0, data, 40)
+    for i in range(2, 12):
+        if i != 6:  # 1 and 6 missing
+            _write(qp, eng, i, data, 40)
+    assert _naks(eng) == [(101, 101), (101, 106)]
+    qp.reported_at = -1.0  # as if a millisecond had passed
+    _write(qp, eng, 0, data, 40)  # a probe with a packet it has: the resends were lost
+    assert _naks(eng) == [(101, 101), (101, 106)]
+    _write(qp, eng, 0, data, 40)  # at most once a millisecond: now a plain ACK
+    assert _acks(eng) == [(AethKind.ACK, 100)]
 
 
 # ---------------------------------------------------------------- on a lossy link

@@ -297,10 +297,11 @@ def test_loss_reorder_duplication_never_change_results(buffers: int) -> None:
         assert all(r["per_peer"] for r in res)
     total = {k: sum(r["stats"].get(k, 0) for r in res)
              for k in ("link_lost", "link_duplicated", "link_reordered", "retransmits")}
-    drops = {k: sum(r["drops"][k] for r in res) for k in ("PSN_DUPLICATE", "PSN_OUT_OF_ORDER")}
-    # The shim really did impair the link, and the transport really had to recover.
+    # The shim really did impair the link, and the transport really had to recover: it
+    # held early packets (none dropped: they lie within its limit) and dropped copies.
+    total["rx_held"] = sum(r["stats"].get("rx_held", 0) for r in res)
+    total["PSN_DUPLICATE"] = sum(r["drops"]["PSN_DUPLICATE"] for r in res)
     assert min(total.values()) > 0, total
-    assert min(drops.values()) > 0, drops
     if native.load() is not None:  # and the reduce-scatter's MIDDLEs were folded on receive
         assert sum(r["stats"].get("rx_folded", 0) for r in res) > 0
 
@@ -344,12 +345,13 @@ _SEG = 1024  # payload of each MIDDLE in these scenarios
 
 
 def _seg(opcode: Opcode, psn: int, payload: bytes, qpn: int, src: str, dst: str,
-         reth: dict | None = None, ackreq: int = 0) -> bytes:
+         reth: dict | None = None, ackreq: int = 0, imm: int | None = None) -> bytes:
     """One datagram of a multi-packet WRITE, built by the proto reference model."""
     f = build_frame(ip={"src": wire.ip_to_int(src), "dst": wire.ip_to_int(dst)},
                     udp={"sport": wire.ROCEV2_UDP_PORT},
                     bth={"opcode": opcode, "dqpn": qpn, "psn": psn, "ackreq": ackreq},
-                    reth=reth, payload=payload)
+                    reth=reth, immdt=None if imm is None else {"imm": imm},
+                    payload=payload)
     return f[14 + 28:]
 
 
