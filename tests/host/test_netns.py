@@ -149,8 +149,9 @@ def test_kernel_impaired_link_between_namespaces(veth_pair, tmp_path) -> None:
     assert sum(r["stats"].get("retransmits", 0) for r in res) > 0
     # Duplicates reached the receivers, which dropped them.
     assert sum(r["drops"]["PSN_DUPLICATE"] for r in res) > 0
-    # Out-of-order arrivals on a veth can only come from the kernel's drops.
-    assert sum(r["drops"]["PSN_OUT_OF_ORDER"] for r in res) > 0
+    # Early arrivals on a veth can only come from the kernel's drops: the responder held
+    # them (proto/reliability.py) rather than dropping them.
+    assert sum(r["stats"].get("rx_held", 0) for r in res) > 0
     from fpgaccl.host import native
     if native.load() is not None:  # the losses hit the C steady-state loop too
         assert sum(r["stats"].get("bulk_rx_packets", 0) + r["stats"].get("bulk_tx_packets", 0)
