@@ -441,16 +441,9 @@ def test_coalesced_receive_equals_packet_by_packet(name: str, native_path: bool)
             peer.close()
 
 
-@pytest.mark.parametrize("native_path", [True, False], ids=["c-loops", "python"])
-def test_gso_runs_recover_from_kernel_drops(native_path: bool) -> None:
-    """Two engines on loopback (GSO/GRO on) whose receiver socket holds one coalesced
-    run at a time: the kernel drops the rest, so go-back-N must resend whole runs, the
-    responder NAKs gaps and the coalesced path resumes; the bytes must arrive exact.
-    With the C loops, a full socket buffer also cuts sendmmsg batches short."""
-    if native_path and native.load() is None:
-        pytest.skip(f"no C fast path: {native.reason}")
-    a = Engine(0, "127.77.11.1", native_path=native_path)
-    b = Engine(1, "127.77.11.2", native_path=native_path)
+def _gso_transfer_through_a_full_buffer(native_path: bool, attempt: int) -> dict:
+    a = Engine(0, f"127.77.11.{1 + 2 * attempt}", native_path=native_path)
+    b = Engine(1, f"127.77.11.{2 + 2 * attempt}", native_path=native_path)
     try:
         qa, qb = a.create_qp(1), b.create_qp(0)
         qa.connect(remote_qpn=qb.qpn, addr=b.addr, local_ip=a.addr[0], send_psn=5,
@@ -472,17 +465,35 @@ def test_gso_runs_recover_from_kernel_drops(native_path: bool) -> None:
         jobs = [a.submit("send", send(), 60), b.submit("recv", recv(), 60)]
         for job in jobs:
             assert job.event.wait(90) and job.error is None, job.error
-        assert np.array_equal(dest, data)
-        # Recovered by go-back-N: after a NAK when a later packet showed the gap, or after
-        # a timeout when the kernel dropped the tail of a burst; which of them depends on
-        # scheduling (on a loaded machine there may be no NAK at all), so only the resend
-        # itself is required.
-        assert a.stats["retransmits"] > 0
-        if a.gso and b.gro:
-            assert b.stats["rx_coalesced"] > 0
+        return {"exact": bool(np.array_equal(dest, data)),
+                "retransmits": a.stats["retransmits"], "coalesced": b.stats["rx_coalesced"],
+                "can_coalesce": a.gso and b.gro}
     finally:
         a.stop()
         b.stop()
+
+
+@pytest.mark.parametrize("native_path", [True, False], ids=["c-loops", "python"])
+def test_gso_runs_recover_from_kernel_drops(native_path: bool) -> None:
+    """Two engines on loopback (GSO/GRO on) whose receiver socket holds one coalesced
+    run at a time: the kernel drops the rest, so the sender must resend, the responder
+    NAKs gaps and the coalesced path resumes; the bytes must arrive exact. With the C
+    loops, a full socket buffer also cuts sendmmsg batches short."""
+    if native_path and native.load() is None:
+        pytest.skip(f"no C fast path: {native.reason}")
+    # Whether the kernel coalesces a run in time is the scheduler's choice: on a loaded
+    # machine a whole transfer may see none, so up to three are made, each exact.
+    for attempt in range(3):
+        got = _gso_transfer_through_a_full_buffer(native_path, attempt)
+        assert got["exact"]
+        # Recovered by resends: after a NAK when a later packet showed the gap, or after a
+        # timeout when the kernel dropped the tail of a burst; which of them depends on
+        # scheduling, so only the resend itself is required.
+        assert got["retransmits"] > 0
+        if not got["can_coalesce"] or got["coalesced"] > 0:
+            break
+    else:
+        raise AssertionError("no coalesced run was taken in three transfers")
 
 
 class _Recorder:
