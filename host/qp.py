@@ -1002,12 +1002,10 @@ class QueuePair:
 
     # ---------------------------------------------------------------- responder
     def on_write(self, opcode: int, psn: int, ackreq: int, pkt: memoryview, end: int) -> None:
+        self._on_write(opcode, psn, ackreq, pkt, end)
         early = self.early
         if not early:
-            self._on_write(opcode, psn, ackreq, pkt, end)
             return
-        early.pop(psn, None)  # its resend came in order: the copy kept aside is stale
-        self._on_write(opcode, psn, ackreq, pkt, end)
         # Packets kept aside that now follow in order are taken as if they arrived now.
         while (kept := early.pop(self.epsn, None)) is not None:
             self._on_write(kept[0], self.epsn, kept[1], memoryview(kept[2]), len(kept[2]))
