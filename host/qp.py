@@ -92,6 +92,8 @@ whole wait."""
 REPORT_AGAIN_S = 0.001
 """A holding responder reports its holes again (on a duplicate, a probe or a filled gap)
 at most this often: the requester acts on a report at most once a round trip anyway."""
+REPORTS_AT_ONCE = 16
+"""Hole reports a holding responder sends for one arrival, at most."""
 TRIES_PER_PEER_TIMEOUT = 8
 """The retransmit backoff is capped at ``peer_timeout_s / TRIES_PER_PEER_TIMEOUT``: a live
 peer behind a lossy link gets this many tries before it is declared dead. With 10 % loss
@@ -1200,11 +1202,18 @@ class QueuePair:
         if end <= start:
             return
         epsn, held, early = self.epsn, self.held, self.early
+        sent = 0
         for i in range(start, end):
             q = (epsn + i) & wire.PSN_MASK
             if not i:
                 self._nak_gap()
             elif q not in held and q not in early:
+                if sent == REPORTS_AT_ONCE:
+                    # The rest on a later arrival: a burst of reports into a receive
+                    # buffer that overflowed takes the ACKs and probes with it.
+                    self.reported = q
+                    return
+                sent += 1
                 self.engine.stats["holes_reported"] += 1
                 self.send_ack(aeth_syndrome(AethKind.NAK, NakCode.PSN_SEQUENCE_ERROR), epsn, q)
         self.reported = (epsn + end) & wire.PSN_MASK

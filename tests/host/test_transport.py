@@ -640,8 +640,12 @@ def _zero_copy_drops(comm, n: int, rounds: int) -> dict:
 def test_zero_copy_sends_survive_kernel_drops() -> None:
     if native.load() is None:
         pytest.skip(f"no C fast path: {native.reason}")
+    # A receive buffer that takes one packet of each burst lets an ACK through now and
+    # then; on a loaded machine that can be rarer than the default peer timeout (1 in 2-5
+    # runs failed with PeerDeadError beside two busy loops, at 410b2ff too). What is
+    # tested is the bytes of the resends, not liveness.
     res = all_ok(run_world(3, _zero_copy_drops, n=300_000, rounds=3, timeout=180,
-                           comm_kw={"rto_s": 0.02, "deadline_s": 120}))
+                           comm_kw={"rto_s": 0.02, "deadline_s": 120, "peer_timeout_s": 30}))
     assert all(r["ok"] for r in res)
     assert all(r["zero_copy"] for r in res)
     total = {k: sum(r["stats"].get(k, 0) for r in res) for k in ("retransmits", "borrow_copies")}
