@@ -285,14 +285,6 @@ def _head8(opcode: int, dqpn: int) -> ctypes.Array:
     return (ctypes.c_uint8 * 8)(*wire.BTH_FMT.pack(opcode, 0, wire.PKEY, dqpn, 0)[:8])
 
 
-def _opcode(entry: tuple) -> int:
-    """The opcode of an outstanding entry's first packet (a run holds MIDDLEs only)."""
-    _, parts, _, k = entry
-    if type(parts) is GatherRun or k > 1:
-        return _MIDDLE
-    return parts[0][0]
-
-
 class GatherRun:
     """An outstanding run of MIDDLE packets of a borrowed message: the packets from byte
     ``off`` of ``msg``'s payload, one ``meta`` row (BTH | ICRC) each. Resending it reads
@@ -862,27 +854,10 @@ class QueuePair:
         self.resent_to = (lost + 1) & wire.PSN_MASK
 
     def _unheld_from(self) -> int:
-        """The first outstanding PSN after the oldest that a holding responder, missing
-        the oldest, could not have held: a software responder keeps whatever lies within
-        hold_packets; toward one that holds only MIDDLEs of the WRITE in progress, the
-        first that is not a WRITE MIDDLE (a MIDDLE after a missing FIRST is not held
-        either)."""
-        out = self.outstanding
-        start = out[0][0]
+        """The first outstanding PSN that a holding software responder, missing the
+        oldest, could not have held: it keeps whatever lies within hold_packets."""
+        start = self.outstanding[0][0]
         limit = hold_packets(self.engine.mtu)
-        if self.selective:
-            if psn_diff(self.next_psn, start) <= limit:
-                return self.next_psn
-            return (start + limit) & wire.PSN_MASK
-        if _opcode(out[0]) != _MIDDLE:
-            # A FIRST or ONLY (no WRITE in progress there), or a LAST (the next is a FIRST).
-            return (start + 1) & wire.PSN_MASK
-        for entry in out:
-            d = psn_diff(entry[0], start)
-            if d >= limit:
-                break
-            if d and _opcode(entry) != _MIDDLE:
-                return entry[0]
         if psn_diff(self.next_psn, start) <= limit:
             return self.next_psn
         return (start + limit) & wire.PSN_MASK
@@ -1184,14 +1159,19 @@ class QueuePair:
             self.early[psn] = (opcode, ackreq, bytes(pkt[:end]))
         else:
             return False
+        self.engine.stats["rx_held"] += 1
+        self._held_to(psn, d)
+        return True
+
+    def _held_to(self, psn: int, d: int) -> None:
+        """Packets up to ``psn``, ``d`` PSNs ahead, are now held: report the holes behind
+        it to a selective peer, else NAK the gap once it is the holdoff or more behind."""
         if self.top < 0 or psn_diff(psn, self.top) > 0:
             self.top = psn
-        self.engine.stats["rx_held"] += 1
         if self.selective:
             self._report_holes(d)
         elif d >= NAK_HOLDOFF_PACKETS:
             self._nak_gap()
-        return True
 
     def _report_holes(self, d: int) -> None:
         """A packet ``d`` PSNs ahead has arrived: report each PSN that is still missing
@@ -1350,13 +1330,7 @@ class QueuePair:
         self.engine.stats["rx_held"] += new
         if taken > new:
             self.engine.drops[DropReason.PSN_DUPLICATE] += taken - new
-        last = (end - 1) & wire.PSN_MASK
-        if self.top < 0 or psn_diff(last, self.top) > 0:
-            self.top = last
-        if self.selective:
-            self._report_holes(d + taken - 1)
-        elif d + taken - 1 >= NAK_HOLDOFF_PACKETS:
-            self._nak_gap()
+        self._held_to((end - 1) & wire.PSN_MASK, d + taken - 1)
         return taken, self._whole.value
 
     def _recovering(self) -> bool:
