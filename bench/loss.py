@@ -266,6 +266,11 @@ def run_case(bed: Bed, name: str, delay_ms: float, init: str = "",
         "naks_rx": sum(s.get("nak_rx", 0) for s in st),
         "naks_ignored": sum(s.get("nak_ignored", 0) for s in st),
         "window_cuts": sum(s.get("window_cuts", 0) for s in st),
+        # Reordering (QueuePair._cut_reported): cuts spared and undone, needless resends.
+        "window_cuts_spared": sum(s.get("window_cuts_spared", 0) for s in st),
+        "window_cuts_undone": sum(s.get("window_cuts_undone", 0) for s in st),
+        "resends_needless": sum(s.get("resends_needless", 0) for s in st),
+        "duplicates_reported": sum(s.get("duplicates_reported", 0) for s in st),
         "held": sum(s.get("rx_held", 0) for s in st),
         "holes_reported": sum(s.get("holes_reported", 0) for s in st),
         # Retransmitted packets by what resent them (QueuePair.retransmit's ``why``).

@@ -536,7 +536,7 @@ typedef struct {
     int32_t fds[BULK_FDS];
     uint64_t rxbuf, lens, segs, addrs, ports; /* the engine's receive batch */
     uint32_t slot, nslots;
-    uint32_t bth_len, psn_mask, ackreq_bit, ack_kind, syn_shift, mtu;
+    uint32_t bth_len, psn_mask, ackreq_bit, ack_syndrome, syn_shift, mtu;
     uint64_t crc;
     double deadline;  /* CLOCK_MONOTONIC seconds: the engine's next timer */
     double rto;       /* the sending side's retransmit timeout */
@@ -650,8 +650,8 @@ static int bulk_take_ack(bulk_t *b, const uint8_t *d, double now) {
     if (memcmp(d, b->peer_ack_head, 8) != 0 || crc(b->peer_ack_state, d + 8, 8) != load_le32(d + 16))
         return 0;
     uint32_t aeth = load_be32(d + 12);
-    if (((aeth >> b->syn_shift) >> 5 & 3) != b->ack_kind)
-        return 0; /* a NAK or an RNR: the queue pair's decision */
+    if ((aeth >> b->syn_shift & 0xFF) != b->ack_syndrome)
+        return 0; /* a NAK, an RNR or a duplicate report: the queue pair's decision */
     uint32_t psn = load_be32(d + 8) & b->psn_mask;
     uint32_t oldest = (b->next_psn - b->inflight) & b->psn_mask;
     int32_t n = psn_dist(psn, oldest, b->psn_mask) + 1;

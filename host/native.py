@@ -67,7 +67,7 @@ class Bulk(ctypes.Structure):
         ("pad0", ctypes.c_int32), ("fds", ctypes.c_int32 * 16),
         ("rxbuf", _u64), ("lens", _u64), ("segs", _u64), ("addrs", _u64), ("ports", _u64),
         ("slot", _u32), ("nslots", _u32),
-        ("bth_len", _u32), ("psn_mask", _u32), ("ackreq_bit", _u32), ("ack_kind", _u32),
+        ("bth_len", _u32), ("psn_mask", _u32), ("ackreq_bit", _u32), ("ack_syndrome", _u32),
         ("syn_shift", _u32), ("mtu", _u32),
         ("crc", _u64), ("deadline", ctypes.c_double), ("rto", ctypes.c_double),
         ("yields", _u64),

@@ -16,7 +16,7 @@ from collections.abc import Callable
 import numpy as np
 
 from fpgaccl.proto.drops import DropReason
-from fpgaccl.proto.opcodes import SUPPORTED_OPCODES, AethKind, Opcode
+from fpgaccl.proto.opcodes import SUPPORTED_OPCODES, Opcode
 
 from . import native, wire
 from .qp import _MIDDLE, _WRITES, QueuePair
@@ -270,7 +270,7 @@ class Receiver:
         b.lens, b.segs, b.addrs, b.ports = self._rxmeta_addr
         b.slot, b.nslots = native.SLOT_BYTES, _RX_SLOTS
         b.bth_len, b.psn_mask, b.ackreq_bit = wire.BTH_LEN, wire.PSN_MASK, wire.ACKREQ
-        b.ack_kind, b.syn_shift = int(AethKind.ACK), wire.SYNDROME_SHIFT
+        b.ack_syndrome, b.syn_shift = wire.ACK_SYNDROME, wire.SYNDROME_SHIFT
         b.mtu = mtu
         b.crc = self.fastpath.crc.value
         b.yields = BULK_YIELDS

@@ -22,6 +22,7 @@ from fpgaccl.proto import AETH, BTH, COLLECTIVE_IMM, IMMDT, IPV4, RETH, RING_IMM
 from fpgaccl.proto.headers import ICRC_BYTES, RING_STEP_CREDIT, RING_STEP_P2P
 from fpgaccl.proto.icrc import VARIANT_MASK
 from fpgaccl.proto.opcodes import (
+    ACK_CREDIT_DUPLICATE,
     ACK_CREDIT_INVALID,
     AETH_OPCODES,
     IMMDT_OPCODES,
@@ -94,6 +95,7 @@ STEP_P2P = RING_STEP_P2P
 STEP_MAX = RING_STEP_P2P - 1
 
 ACK_SYNDROME = aeth_syndrome(AethKind.ACK, ACK_CREDIT_INVALID)
+DUPLICATE_SYNDROME = aeth_syndrome(AethKind.ACK, ACK_CREDIT_DUPLICATE)
 
 
 def ip_to_int(addr: str) -> int:

@@ -86,6 +86,11 @@ class NakCode(IntEnum):
 ACK_CREDIT_INVALID = 0b11111
 """Credit field of an ACK syndrome meaning 'no end-to-end flow control'."""
 
+ACK_CREDIT_DUPLICATE = 0b11110
+"""Credit field of a *duplicate report*, an ACK between two software engines only
+(proto/reliability.py): cumulative as any ACK, its MSN names a PSN that arrived twice. No
+end-to-end credits flow between them, so the field is free; the HDL reads only the kind."""
+
 
 def aeth_syndrome(kind: AethKind, value: int) -> int:
     return (int(kind) << 5) | (value & 0x1F)

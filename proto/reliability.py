@@ -28,6 +28,15 @@ PSN alone, at most once a round trip, so the holes of a window are repaired toge
 than one round trip each. Only two software engines use this: an HDL responder's MSN counts
 messages as the standard says, and the HDL requester ignores the MSN.
 
+Between two software engines a holding responder also **names every packet that arrives
+twice**: a *duplicate report* is an ACK (cumulative, as any ACK) whose credit field is
+``opcodes.ACK_CREDIT_DUPLICATE`` and whose MSN field carries the duplicated PSN. A requester
+that resent a reported hole alone, once, learns from it that the original arrived after all:
+the packet was late, not lost. It undoes the window cut that hole caused and, for a while,
+stops cutting the window for first reports of holes (they are still resent at once); a hole
+reported again after its resend is a loss either way. The HDL reads only an ACK's kind, and
+no HDL node is sent one.
+
 A requester talking to a holding responder resends, on a NAK (or a first timer expiry),
 the oldest packet alone and, if the ACKs then stop exactly at the first packet the
 responder could not hold (toward a software responder: the first :func:`hold_packets`

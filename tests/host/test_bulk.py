@@ -63,7 +63,7 @@ class _Side:
         b.lens, b.segs, b.addrs, b.ports = (int(m.ctypes.data) for m in self.meta)
         b.slot, b.nslots = native.SLOT_BYTES, 32
         b.bth_len, b.psn_mask, b.ackreq_bit = wire.BTH_LEN, wire.PSN_MASK, wire.ACKREQ
-        b.ack_kind, b.syn_shift, b.mtu = int(AethKind.ACK), wire.SYNDROME_SHIFT, MTU
+        b.ack_syndrome, b.syn_shift, b.mtu = wire.ACK_SYNDROME, wire.SYNDROME_SHIFT, MTU
         b.crc = fp.crc.value
         b.yields = 1
         b.rto = 10.0
@@ -155,6 +155,8 @@ _NAK_SEQ = aeth_syndrome(AethKind.NAK, NakCode.PSN_SEQUENCE_ERROR)
 TX_CASES = {
     "ack": (10, (wire.ACK_SYNDROME, 1), None, (native.BULK_TIMER, 6, 4, 1, 1)),
     "nak": (10, (_NAK_SEQ, 1), None, (native.BULK_BATCH, 4, 4, None, 0)),
+    # A duplicate report is an ACK too, but what it names is the queue pair's to read.
+    "duplicate": (10, (wire.DUPLICATE_SYNDROME, 1), None, (native.BULK_BATCH, 4, 4, None, 0)),
     # An ACK for a PSN not outstanding (nor the newest ACKed, offset -1) is Python's to
     # drop and count (ACK_PSN_INVALID); it ACKs nothing here.
     "beyond-sent": (10, (wire.ACK_SYNDROME, 50), None, (native.BULK_BATCH, 4, 4, None, 0)),

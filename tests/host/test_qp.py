@@ -13,7 +13,15 @@ from fpgaccl.host import qp as qp_mod
 from fpgaccl.host import wire
 from fpgaccl.host.qp import MIN_CWND, RTO_MIN_S, MemoryRegion, Message, QueuePair
 from fpgaccl.proto.drops import DropReason
-from fpgaccl.proto.opcodes import AethKind, NakCode, Opcode, aeth_syndrome, split_syndrome
+from fpgaccl.proto.opcodes import (
+    ACK_CREDIT_DUPLICATE,
+    ACK_CREDIT_INVALID,
+    AethKind,
+    NakCode,
+    Opcode,
+    aeth_syndrome,
+    split_syndrome,
+)
 from fpgaccl.proto.reliability import NAK_HOLDOFF_PACKETS
 
 from ._world import all_ok, run_world
@@ -215,6 +223,58 @@ def test_window_halves_on_loss_once_per_round_trip_and_grows_back() -> None:
         qp.pump(t)
         t += 0.001
     assert qp.window() == 256 and qp.inflight == 256
+
+
+def test_a_resend_that_arrived_twice_undoes_its_cut_and_spares_the_next() -> None:
+    qp, eng = _qp(window=256, selective=True)
+    _send(qp, 200)
+    qp.srtt = 0.001
+    eng.out.clear()
+    qp.on_ack(PSN0 + 5, NAK_SEQ, 0.010, PSN0 + 5)  # a hole: resent alone, the window cut
+    assert [_psn(d) for d in eng.out] == [PSN0 + 5] and qp.window() == 97
+    # A duplicate report names a PSN never resent alone, or comes from a go-back-N peer:
+    # nothing to undo.
+    qp.on_ack(PSN0 + 4, wire.DUPLICATE_SYNDROME, 0.011, PSN0 + 2)
+    assert qp.window() == 97 and not eng.stats["resends_needless"]
+    # The original arrived after all: the responder reports the copy.
+    qp.on_ack(PSN0 + 10, wire.DUPLICATE_SYNDROME, 0.012, PSN0 + 5)
+    assert qp.window() == 256 and eng.stats["window_cuts_undone"] == 1
+    assert eng.stats["resends_needless"] == 1
+    # The path reorders: a next hole is resent at once, but not cut for.
+    qp.on_ack(PSN0 + 60, NAK_SEQ, 0.013, PSN0 + 60)
+    assert [_psn(d) for d in eng.out[1:]] == [PSN0 + 60] and qp.window() == 256
+    assert eng.stats["window_cuts_spared"] == 1 and eng.stats["window_cuts"] == 1
+    # Reported again after a round trip, its resend was lost: that is a loss.
+    qp.on_ack(PSN0 + 60, NAK_SEQ, 0.015, PSN0 + 60)
+    assert [_psn(d) for d in eng.out[2:]] == [PSN0 + 60] and qp.window() < 256
+    assert eng.stats["window_cuts"] == 2
+    # So is a first report once the reordering is long past.
+    qp.recover_psn = -1
+    w = qp.window()
+    qp.on_ack(PSN0 + 90, NAK_SEQ, 0.013 + qp_mod.REORDERING_S, PSN0 + 90)
+    assert qp.window() < w and eng.stats["window_cuts"] == 3
+
+
+def test_a_copy_of_a_timer_resend_proves_no_resend_needless() -> None:
+    qp, eng = _qp(window=256, selective=True)
+    _send(qp, 200)
+    qp.srtt = 0.001
+    qp.check_timer(1.0, 0.05)  # a probe: the oldest alone
+    qp.check_timer(2.0, 0.05)  # then the window's floor
+    qp.on_ack(PSN0 + 4, NAK_SEQ, 2.01, PSN0 + 5)  # a hole the floor resent, resent alone
+    w = qp.window()
+    for hole in (PSN0, PSN0 + 5):  # either copy may be what arrived twice
+        qp.on_ack(PSN0 + 10, wire.DUPLICATE_SYNDROME, 2.012, hole)
+    assert not eng.stats["resends_needless"] and qp.window() == w
+
+
+def test_a_go_back_n_requester_reads_nothing_in_a_duplicate_report() -> None:
+    qp, eng = _qp(window=256, selective=False)
+    _send(qp, 200)
+    qp.on_ack(PSN0 + 5, NAK_SEQ, 0.010)
+    w = qp.window()
+    qp.on_ack(PSN0 + 4, wire.DUPLICATE_SYNDROME, 0.011, PSN0 + 5)
+    assert qp.window() == w and not eng.stats["resends_needless"]
 
 
 def test_window_never_shrinks_below_its_floor() -> None:
@@ -443,6 +503,35 @@ def test_a_holding_responder_reports_its_holes_again_on_a_probe() -> None:
     assert _naks(eng) == [(101, 101), (101, 106)]
     _write(qp, eng, 0, data, 40)  # at most once a millisecond: now a plain ACK
     assert _acks(eng) == [(AethKind.ACK, 100)]
+
+
+def _credit_msn(eng: _Engine) -> list[tuple[AethKind, int, int, int]]:
+    """(kind, credit or NAK code, PSN, MSN) of each ACK sent."""
+    got = []
+    for dg in eng.out:
+        kind, code = split_syndrome(dg[12])
+        got.append((kind, code, _psn(dg), int.from_bytes(dg[13:16], "big")))
+    eng.out.clear()
+    return got
+
+
+@pytest.mark.parametrize("selective", [True, False])
+def test_a_packet_that_arrives_twice_is_named_to_a_selective_peer(selective: bool) -> None:
+    qp, eng = _qp(selective=selective)
+    data = bytes(40 * MTU)
+    for i in (0, 1, 3):  # 2 is late
+        _write(qp, eng, i, data, 40)
+    eng.out.clear()
+    _write(qp, eng, 1, data, 40)  # a copy of one it has
+    _write(qp, eng, 3, data, 40)  # and of one it holds
+    acks = [a for a in _credit_msn(eng) if a[0] == AethKind.ACK]  # NAKs: holes again
+    if selective:  # each named; each ACKs what precedes the gap, as any ACK does
+        dup = ACK_CREDIT_DUPLICATE
+        assert acks == [(AethKind.ACK, dup, 101, 101), (AethKind.ACK, dup, 101, 103)]
+        assert eng.stats["duplicates_reported"] == 2
+    else:  # a plain re-ACK, for the copy of what it has only
+        assert acks == [(AethKind.ACK, ACK_CREDIT_INVALID, 101, qp.msn)]
+    assert eng.drops[DropReason.PSN_DUPLICATE] == 2
 
 
 # ---------------------------------------------------------------- on a lossy link

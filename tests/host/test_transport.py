@@ -301,6 +301,8 @@ def test_loss_reorder_duplication_never_change_results(buffers: int) -> None:
     # held early packets (none dropped: they lie within its limit) and dropped copies.
     total["rx_held"] = sum(r["stats"].get("rx_held", 0) for r in res)
     total["PSN_DUPLICATE"] = sum(r["drops"]["PSN_DUPLICATE"] for r in res)
+    # Each copy was named back to its sender (a duplicate report).
+    total["duplicates_reported"] = sum(r["stats"].get("duplicates_reported", 0) for r in res)
     assert min(total.values()) > 0, total
     if native.load() is not None:  # and the reduce-scatter's MIDDLEs were folded on receive
         assert sum(r["stats"].get("rx_folded", 0) for r in res) > 0
