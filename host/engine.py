@@ -654,7 +654,8 @@ class Engine:
         wait = 0.05
         for qp in self.by_peer.values():
             if qp.outstanding:
-                wait = min(wait, max(0.0, qp.last_progress + qp.timer_wait(self.rto_s) - now))
+                wait = min(wait, max(0.0, qp.last_progress + qp.timer_wait(self.rto_s) - now),
+                           max(0.0, qp.deferred_due() - now))
             if qp.ack_due > 0:
                 wait = min(wait, max(0.0, qp.ack_due - now))
         job_wait = self.jobs.wait_s(now)

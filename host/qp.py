@@ -96,11 +96,15 @@ at most this often: the requester acts on a report at most once a round trip any
 REPORTS_AT_ONCE = 16
 """Hole reports a holding responder sends for one arrival, at most."""
 REORDERING_S = 0.5
-"""How long a path counts as reordering once a packet resent alone was reported to have
-arrived twice (a duplicate report): meanwhile a hole's first report resends it but does not
-cut the window. A packet late by more than a round trip is resent before it arrives
-either way; cutting for it as well throttled bench/loss.py's 5 % reordering to the window
-floor (0.86 s against 0.49 s without the cut, 4 interleaved rounds)."""
+"""How long after the last reported hole that turned out late, not lost (its lone resend
+arrived twice, or it filled before a resend), a hole's first report does not cut the
+window. Cutting for late packets throttled bench/loss.py's 5 % reordering to the window
+floor."""
+LATE_SHARE = 0.25
+"""The share of reported holes that must have been late (a moving average over about 32)
+before a first report's resend waits out the reordering window: network duplication makes
+a few lone resends arrive twice on any path, and deferring true losses there made 5 % loss
++ 2 % dup slower."""
 TRIES_PER_PEER_TIMEOUT = 8
 """The retransmit backoff is capped at ``peer_timeout_s / TRIES_PER_PEER_TIMEOUT``: a live
 peer behind a lossy link gets this many tries before it is declared dead. With 10 % loss
@@ -379,12 +383,17 @@ class QueuePair:
         self.nak_at = 0.0
         self.resent_to = -1
         self.hole_at: dict[int, float] = {}  # PSN -> when a hole report had it resent
-        # Reordering (REORDERING_S): how often each recent PSN was resent alone, the
-        # window before the last cut for a reported hole (that hole, cwnd, ssthresh), and
-        # when a resend last turned out needless.
-        self.resent_alone: dict[int, int] = {}
+        # Reordering (REORDERING_S): when each recent PSN was resent alone (-1: more
+        # than once, or not alone), the window before the last cut for a reported hole
+        # (that hole, cwnd, ssthresh), when a hole last turned out late, the share of
+        # holes that did (LATE_SHARE), how long they were late (the reordering window),
+        # and the reported holes whose resend waits for it (PSN -> when reported).
+        self.resent_alone: dict[int, float] = {}
         self.undo: tuple[int, float, float] | None = None
         self.reordered_at = -REORDERING_S
+        self.late_share = 0.0
+        self.reo_wnd = 0.0
+        self.deferred: dict[int, float] = {}
         # Round-trip time (RFC 6298 estimator, Karn's rule): one timed PSN at a time.
         self.srtt = 0.0
         self.rttvar = 0.0
@@ -721,7 +730,8 @@ class QueuePair:
             if (self.selective and msn is not None and msn != psn
                     and 0 < psn_diff(msn, psn) < self.inflight):
                 self._cut_reported(msn, now)
-                self._resend_hole(msn, now)  # a later hole (proto/reliability.py)
+                if not self._defer(msn, now):
+                    self._resend_hole(msn, now)  # a later hole (proto/reliability.py)
                 return
             if self.selective and self._resent_lately(psn, now):
                 # The gap is a hole already resent: its resend is still on its way.
@@ -733,7 +743,8 @@ class QueuePair:
             self.nak_psn, self.nak_at = psn, now
             if self.selective:
                 self._cut_reported(psn, now)
-                self._repair(now)
+                if not self._defer(psn, now):
+                    self._repair(now)
             else:
                 self._cut(psn)
                 self.retransmit(now, why="nak")
@@ -776,6 +787,8 @@ class QueuePair:
             # Slow start below the threshold, then one packet per window of ACKs.
             self.cwnd += n if self.cwnd < self.ssthresh else n / self.cwnd
         self._pop_acked(n)
+        if self.deferred:
+            self._filled_late(now)
         if self.gbn_psn >= 0 and (not out or psn_diff(out[0][0], self.gbn_psn) >= 0):
             # Stopping right there says the responder dropped it; past it, it had it.
             resend = bool(out) and out[0][0] == self.gbn_psn
@@ -865,11 +878,58 @@ class QueuePair:
         if self._cut(psn):
             self.undo = (psn, *before)
 
-    def _resent(self, psn: int) -> None:
+    def _reordering(self, now: float) -> bool:
+        return now - self.reordered_at < REORDERING_S and self.late_share > LATE_SHARE
+
+    def _defer(self, psn: int, now: float) -> bool:
+        """On a reordering path, a first report of ``psn`` waits out the reordering
+        window before its resend (RACK's idea): a late packet fills the hole meanwhile.
+        False if it is resent now."""
+        if not self.reo_wnd or psn in self.resent_alone or not self._reordering(now):
+            return False
+        if psn not in self.deferred:
+            self.deferred[psn] = now
+            self.engine.stats["resends_deferred"] += 1
+        return True
+
+    def _filled_late(self, now: float) -> None:
+        """The deferred holes the ACKs have passed filled without a resend: late."""
+        oldest = (self.next_psn - self.inflight) & wire.PSN_MASK
+        for psn, at in list(self.deferred.items()):
+            if not 0 <= psn_diff(psn, oldest) < self.inflight:
+                del self.deferred[psn]
+                self.engine.stats["holes_filled_late"] += 1
+                self._late(now - at, now)
+
+    def run_deferred(self, now: float) -> None:
+        """Resend the deferred holes whose wait is over."""
+        self._filled_late(now)
+        for psn, at in list(self.deferred.items()):
+            if now >= at + self.reo_wnd:
+                del self.deferred[psn]
+                if psn == self.outstanding[0][0]:
+                    self._repair(now)
+                else:
+                    self._resend_hole(psn, now)
+
+    def deferred_due(self) -> float:
+        """When the next deferred resend is due (inf: none)."""
+        return min(self.deferred.values()) + self.reo_wnd if self.deferred else float("inf")
+
+    def _late(self, late: float, now: float) -> None:
+        """A reported hole turned out ``late`` seconds late, not lost."""
+        self.reordered_at = now
+        self.late_share += (1.0 - self.late_share) / 32
+        # Up at once, down slowly; never beyond a few round trips, the resend's latest.
+        late = min(late, 4 * (self.srtt or self.rto))
+        self.reo_wnd = late if late > self.reo_wnd else self.reo_wnd - (self.reo_wnd - late) / 8
+
+    def _resent(self, psn: int, now: float) -> None:
         """``psn`` was resent alone (for a report, not a timer): a duplicate report of it
         may prove the resend needless."""
         r = self.resent_alone
-        r[psn] = r.get(psn, 0) + 1
+        r[psn] = -1.0 if psn in r else now
+        self.late_share -= self.late_share / 32
         self._forget_resends()
 
     def _forget_resends(self) -> None:
@@ -882,10 +942,11 @@ class QueuePair:
         """A duplicate report (proto/reliability.py) names ``psn``: if it was resent
         alone once, the original arrived after all, late, not lost. The path reorders;
         the cut made for that hole is undone."""
-        if self.resent_alone.pop(psn, 0) != 1:
+        at = self.resent_alone.pop(psn, -1.0)
+        if at < 0:
             return  # not resent, or resent more than once: either copy may be the resend
         self.engine.stats["resends_needless"] += 1
-        self.reordered_at = now
+        self._late(now - at, now)
         if self.undo is not None and self.undo[0] == psn:
             _, cwnd, ssthresh = self.undo
             self.undo = None
@@ -908,9 +969,9 @@ class QueuePair:
         if self.selective:
             self.hole_at[lost] = now
             if probe:  # not for a report: a copy of it proves nothing
-                self.resent_alone[lost] = 2
+                self.resent_alone[lost] = -1.0
             else:
-                self._resent(lost)
+                self._resent(lost, now)
         # A go-back-N responder holds nothing after a gap.
         first = self._unheld_from() if self.selective else (lost + 1) & wire.PSN_MASK
         self.gbn_psn = first if psn_diff(first, self.next_psn) < 0 else -1
@@ -939,7 +1000,7 @@ class QueuePair:
             i = psn_diff(psn, entry[0])
             if i < entry[3]:
                 self.hole_at[psn] = now
-                self._resent(psn)
+                self._resent(psn, now)
                 self.rtt_psn = -1
                 self.engine.stats["retx_hole"] += 1
                 self._resend_one(entry, i)
@@ -969,7 +1030,7 @@ class QueuePair:
             # Each may now arrive twice: a duplicate report of it proves nothing.
             oldest = self.outstanding[0][0]
             self.resent_alone.update(dict.fromkeys(
-                [(oldest + i) & wire.PSN_MASK for i in range(left)], 2))
+                [(oldest + i) & wire.PSN_MASK for i in range(left)], -1.0))
             self._forget_resends()
             self.undo = None
         self.resent_to = (self.next_psn - self.inflight + left) & wire.PSN_MASK
@@ -1013,6 +1074,8 @@ class QueuePair:
 
     def check_timer(self, now: float, rto: float) -> None:
         """``rto``: the engine's timeout, the most this QP's measured one may be."""
+        if self.deferred:
+            self.run_deferred(now)
         if not self.outstanding:
             return
         wait = self.timer_wait(rto)

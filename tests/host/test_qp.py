@@ -237,10 +237,12 @@ def test_a_resend_that_arrived_twice_undoes_its_cut_and_spares_the_next() -> Non
     qp.on_ack(PSN0 + 4, wire.DUPLICATE_SYNDROME, 0.011, PSN0 + 2)
     assert qp.window() == 97 and not eng.stats["resends_needless"]
     # The original arrived after all: the responder reports the copy.
-    qp.on_ack(PSN0 + 10, wire.DUPLICATE_SYNDROME, 0.012, PSN0 + 5)
+    qp.on_ack(PSN0 + 10, wire.DUPLICATE_SYNDROME, 0.0125, PSN0 + 5)
     assert qp.window() == 256 and eng.stats["window_cuts_undone"] == 1
-    assert eng.stats["resends_needless"] == 1
-    # The path reorders: a next hole is resent at once, but not cut for.
+    assert eng.stats["resends_needless"] == 1 and qp.reo_wnd == pytest.approx(0.0025)
+    # A next hole's first report is not cut for. One late hole in a while is no
+    # reordering path (a duplicated resend looks the same): it is resent at once.
+    assert qp.late_share < qp_mod.LATE_SHARE
     qp.on_ack(PSN0 + 60, NAK_SEQ, 0.013, PSN0 + 60)
     assert [_psn(d) for d in eng.out[1:]] == [PSN0 + 60] and qp.window() == 256
     assert eng.stats["window_cuts_spared"] == 1 and eng.stats["window_cuts"] == 1
@@ -253,6 +255,26 @@ def test_a_resend_that_arrived_twice_undoes_its_cut_and_spares_the_next() -> Non
     w = qp.window()
     qp.on_ack(PSN0 + 90, NAK_SEQ, 0.013 + qp_mod.REORDERING_S, PSN0 + 90)
     assert qp.window() < w and eng.stats["window_cuts"] == 3
+
+
+def test_on_a_reordering_path_a_hole_waits_out_the_reordering_window() -> None:
+    qp, eng = _qp(window=256, selective=True)
+    _send(qp, 200)
+    qp.srtt = 0.001
+    qp.late_share, qp.reo_wnd, qp.reordered_at = 0.5, 0.002, 1.0
+    eng.out.clear()
+    qp.on_ack(PSN0 + 10, NAK_SEQ, 1.000, PSN0 + 10)  # the first hole: it waits
+    qp.on_ack(PSN0 + 10, NAK_SEQ, 1.0005, PSN0 + 30)  # and a later one
+    qp.check_timer(1.0015, 0.05)
+    assert not eng.out and eng.stats["resends_deferred"] == 2
+    # 10 arrives late: the ACKs pass it, and nothing was resent for it.
+    qp.on_ack(PSN0 + 20, NAK_SEQ, 1.0018, PSN0 + 30)
+    assert not eng.out and eng.stats["holes_filled_late"] == 1
+    assert qp.reo_wnd == pytest.approx(0.002 - (0.002 - 0.0018) / 8)
+    # 30 does not: once its wait is over, it is resent alone.
+    qp.check_timer(1.0026, 0.05)
+    assert [_psn(d) for d in eng.out] == [PSN0 + 30] and not qp.deferred
+    assert eng.stats["window_cuts"] == 0
 
 
 def test_a_copy_of_a_timer_resend_proves_no_resend_needless() -> None:
