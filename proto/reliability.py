@@ -32,10 +32,11 @@ Between two software engines a holding responder also **names every packet that 
 twice**: a *duplicate report* is an ACK (cumulative, as any ACK) whose credit field is
 ``opcodes.ACK_CREDIT_DUPLICATE`` and whose MSN field carries the duplicated PSN. A requester
 that resent a reported hole alone, once, learns from it that the original arrived after all:
-the packet was late, not lost. It undoes the window cut that hole caused and, for a while,
-stops cutting the window for first reports of holes (they are still resent at once); a hole
-reported again after its resend is a loss either way. The HDL reads only an ACK's kind, and
-no HDL node is sent one.
+the packet was late, not lost (as it is when a hole fills before its resend). It undoes the
+window cut that hole caused and, for a while, stops cutting the window for first reports of
+holes; where many holes were late, their resend waits out a reordering window measured from
+how late they were. A hole reported again after its resend is a loss either way. The HDL
+reads only an ACK's kind, and no HDL node is sent one.
 
 A requester talking to a holding responder resends, on a NAK (or a first timer expiry),
 the oldest packet alone and, if the ACKs then stop exactly at the first packet the
