@@ -272,6 +272,10 @@ def run_case(bed: Bed, name: str, delay_ms: float, init: str = "",
         "resends_needless": sum(s.get("resends_needless", 0) for s in st),
         "duplicates_reported": sum(s.get("duplicates_reported", 0) for s in st),
         "held": sum(s.get("rx_held", 0) for s in st),
+        # The requester's reordering window (QueuePair._defer): resends that waited,
+        # and the holes that filled meanwhile.
+        "resends_deferred": sum(s.get("resends_deferred", 0) for s in st),
+        "holes_filled_late": sum(s.get("holes_filled_late", 0) for s in st),
         "holes_reported": sum(s.get("holes_reported", 0) for s in st),
         # Retransmitted packets by what resent them (QueuePair.retransmit's ``why``).
         "retx_by": {k[5:]: sum(s.get(k, 0) for s in st)
