@@ -277,6 +277,12 @@ def run_case(bed: Bed, name: str, delay_ms: float, init: str = "",
         "resends_deferred": sum(s.get("resends_deferred", 0) for s in st),
         "holes_filled_late": sum(s.get("holes_filled_late", 0) for s in st),
         "holes_reported": sum(s.get("holes_reported", 0) for s in st),
+        # Reordering notices (QueuePair._notify_reordering): sent, and hole reports the
+        # peer then held back and those a late packet spared.
+        "reordering_notices": sum(s.get("reordering_notices", 0) for s in st),
+        "reports_held_back": sum(s.get("reports_held_back", 0) for s in st),
+        "reports_spared": sum(s.get("reports_spared", 0) for s in st),
+        "holdoffs_dropped": sum(s.get("holdoffs_dropped", 0) for s in st),
         # Retransmitted packets by what resent them (QueuePair.retransmit's ``why``).
         "retx_by": {k[5:]: sum(s.get(k, 0) for s in st)
                     for k in sorted({k for s in st for k in s if k.startswith("retx_")})},

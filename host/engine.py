@@ -520,6 +520,8 @@ class Engine:
         # Guards before the per-QP calls: this loop runs hundreds of times a
         # collective, and most turns find nothing for most QPs.
         for qp in qps:
+            if qp.pending_reports:
+                qp.run_reports(now)
             if qp.ack_pending or qp.ack_due:
                 qp.flush_ack(now)
             if qp.has_work() and qp.pump(now):
@@ -658,6 +660,8 @@ class Engine:
                            max(0.0, qp.deferred_due() - now))
             if qp.ack_due > 0:
                 wait = min(wait, max(0.0, qp.ack_due - now))
+            if qp.pending_reports:
+                wait = min(wait, max(0.0, qp.reports_due() - now))
         job_wait = self.jobs.wait_s(now)
         if job_wait is not None:
             wait = min(wait, job_wait)

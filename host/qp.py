@@ -42,6 +42,7 @@ from fpgaccl.errors import RemoteAccessError
 from fpgaccl.proto.drops import DropReason
 from fpgaccl.proto.opcodes import (
     ACK_CREDIT_DUPLICATE,
+    ACK_CREDIT_REORDERING,
     AETH_OPCODES,
     LAST_OPCODES,
     ONLY_OPCODES,
@@ -105,6 +106,15 @@ LATE_SHARE = 0.25
 before a first report's resend waits out the reordering window: network duplication makes
 a few lone resends arrive twice on any path, and deferring true losses there made 5 % loss
 + 2 % dup slower."""
+NOTICE_EVERY_S = 0.05
+"""A requester on a reordering path renews its reordering notice to the peer at most this
+often (sooner if its reordering window grew by a quarter): each lasts REORDERING_S."""
+NOTICE_AVERAGE = 8
+"""A reordering notice goes once the share of late holes, averaged over this many (faster
+than ``late_share``: the notice costs little where it is wrong, the peer drops it), is over
+LATE_SHARE."""
+HOLDOFF_MAX_S = 0.008
+"""A responder holds a hole report back at most this long, whatever a notice asks."""
 TRIES_PER_PEER_TIMEOUT = 8
 """The retransmit backoff is capped at ``peer_timeout_s / TRIES_PER_PEER_TIMEOUT``: a live
 peer behind a lossy link gets this many tries before it is declared dead. With 10 % loss
@@ -394,6 +404,12 @@ class QueuePair:
         self.late_share = 0.0
         self.reo_wnd = 0.0
         self.deferred: dict[int, float] = {}
+        self.notice_share = 0.0  # late_share, averaged over NOTICE_AVERAGE
+        self.notified_at = -REORDERING_S  # our last reordering notice to the peer
+        self.notified_wnd = 0.0
+        # The peer holds its hole reports back from notice_from (a round trip after the
+        # notice: reports on their way were not) until notice_until.
+        self.notice_from = self.notice_until = 0.0
         # Round-trip time (RFC 6298 estimator, Karn's rule): one timed PSN at a time.
         self.srtt = 0.0
         self.rttvar = 0.0
@@ -412,6 +428,16 @@ class QueuePair:
         self.reported = -1  # holes before this PSN are reported to a selective peer
         self.top = -1  # the farthest PSN held, while any is
         self.reported_at = 0.0  # when the holes were last all reported again
+        # A reordering notice from the peer: until holdoff_until, each hole report waits
+        # ``holdoff`` first (PSN -> when due), and a late packet filling it spares it.
+        # Where few are spared (spare_share, a moving average over about 16, under
+        # LATE_SHARE) the notice was wrong: reports go at once, and notices are ignored
+        # for REORDERING_S.
+        self.holdoff = 0.0
+        self.holdoff_until = 0.0
+        self.pending_reports: dict[int, float] = {}
+        self.spare_share = 0.0
+        self.notices_ignored_until = 0.0
         self.ack_pending = False
         # Deferred ACKs (software peers only: the communicator sets ``ack_delay`` from the
         # rendezvous): ack_due 0 = none, -1 = one waits for the engine to stamp it, else
@@ -757,6 +783,8 @@ class QueuePair:
             self._acked(psn, now)
             if code == ACK_CREDIT_DUPLICATE and self.selective and msn is not None:
                 self._arrived_twice(msn, now)
+            elif code == ACK_CREDIT_REORDERING and self.selective and msn is not None:
+                self._noticed(msn * 1e-6, now)
         else:
             # RNR NAK (this engine never asks for a receive to be posted first) or the
             # reserved kind: no action, as in the HDL requester, but counted.
@@ -885,8 +913,9 @@ class QueuePair:
         """On a reordering path, a first report of ``psn`` waits out the reordering
         window before its resend (RACK's idea): a late packet fills the hole meanwhile.
         False if it is resent now."""
-        if not self.reo_wnd or psn in self.resent_alone or not self._reordering(now):
-            return False
+        if (not self.reo_wnd or psn in self.resent_alone or not self._reordering(now)
+                or self.notice_from <= now < self.notice_until):
+            return False  # (the peer held its report back: the hole is overdue)
         if psn not in self.deferred:
             self.deferred[psn] = now
             self.engine.stats["resends_deferred"] += 1
@@ -923,6 +952,25 @@ class QueuePair:
         # Up at once, down slowly; never beyond a few round trips, the resend's latest.
         late = min(late, 4 * (self.srtt or self.rto))
         self.reo_wnd = late if late > self.reo_wnd else self.reo_wnd - (self.reo_wnd - late) / 8
+        self.notice_share += (1.0 - self.notice_share) / NOTICE_AVERAGE
+        if self.notice_share > LATE_SHARE:
+            self._notify_reordering(now)
+
+    def _notify_reordering(self, now: float) -> None:
+        """Ask the peer to hold each hole report back for the reordering window (a
+        reordering notice, proto/reliability.py): a late packet then costs no report, no
+        resend and no duplicate report. Renewed at most every NOTICE_EVERY_S, sooner
+        once the window grew by a quarter."""
+        if not self.selective or (now - self.notified_at < NOTICE_EVERY_S
+                                  and self.reo_wnd <= 1.25 * self.notified_wnd):
+            return
+        if now >= self.notice_until:
+            self.notice_from = now + (self.srtt or self.rto)
+        self.notified_at, self.notified_wnd = now, self.reo_wnd
+        self.notice_until = now + REORDERING_S
+        self.engine.stats["reordering_notices"] += 1
+        self.send_ack(wire.REORDERING_SYNDROME, (self.epsn - 1) & wire.PSN_MASK,
+                      min(round(self.reo_wnd * 1e6), wire.MSN_MASK))
 
     def _resent(self, psn: int, now: float) -> None:
         """``psn`` was resent alone (for a report, not a timer): a duplicate report of it
@@ -930,6 +978,7 @@ class QueuePair:
         r = self.resent_alone
         r[psn] = -1.0 if psn in r else now
         self.late_share -= self.late_share / 32
+        self.notice_share -= self.notice_share / NOTICE_AVERAGE
         self._forget_resends()
 
     def _forget_resends(self) -> None:
@@ -1314,15 +1363,27 @@ class QueuePair:
     def _report_holes(self, d: int) -> None:
         """A packet ``d`` PSNs ahead has arrived: report each PSN that is still missing
         NAK_HOLDOFF_PACKETS or more behind it, once, to a selective peer (a NAK whose MSN
-        names the hole: proto/reliability.py)."""
+        names the hole: proto/reliability.py). While the peer's reordering notice lasts,
+        each report waits out its holdoff first (:meth:`run_reports`)."""
         end = min(d - NAK_HOLDOFF_PACKETS + 1, hold_packets(self.engine.mtu))
         start = max(0, psn_diff(self.reported, self.epsn)) if self.reported >= 0 else 0
         if end <= start:
             return
-        epsn, held, early = self.epsn, self.held, self.early
+        epsn, held, early, pending = self.epsn, self.held, self.early, self.pending_reports
+        if self.holdoff and self.holdoff_until > (now := time.monotonic()):
+            due = now + self.holdoff
+            for i in range(start, end):
+                q = (epsn + i) & wire.PSN_MASK
+                if q not in held and q not in early and q not in pending:
+                    pending[q] = due
+                    self.engine.stats["reports_held_back"] += 1
+            self.reported = (epsn + end) & wire.PSN_MASK
+            return
         sent = 0
         for i in range(start, end):
             q = (epsn + i) & wire.PSN_MASK
+            if q in pending:
+                continue  # held back: reported when due
             if not i:
                 self._nak_gap()
             elif q not in held and q not in early:
@@ -1335,6 +1396,44 @@ class QueuePair:
                 self.engine.stats["holes_reported"] += 1
                 self.send_ack(aeth_syndrome(AethKind.NAK, NakCode.PSN_SEQUENCE_ERROR), epsn, q)
         self.reported = (epsn + end) & wire.PSN_MASK
+
+    def _noticed(self, holdoff: float, now: float) -> None:
+        """The peer's reordering notice: hold each hole report to it back ``holdoff``
+        seconds, for REORDERING_S."""
+        self.engine.stats["reordering_notices_rx"] += 1
+        if now < self.notices_ignored_until:
+            return
+        if now >= self.holdoff_until:
+            self.spare_share = 1.0  # the peer's word, until the holes tell otherwise
+        self.holdoff = min(holdoff, HOLDOFF_MAX_S)
+        self.holdoff_until = now + REORDERING_S
+
+    def run_reports(self, now: float) -> None:
+        """Send the held-back hole reports that are due; a hole that filled meanwhile was
+        late, and costs nothing more."""
+        epsn, held, early = self.epsn, self.held, self.early
+        for q, due in list(self.pending_reports.items()):
+            if psn_diff(q, epsn) < 0 or q in held or q in early:
+                del self.pending_reports[q]
+                self.engine.stats["reports_spared"] += 1
+                self.spare_share += (1.0 - self.spare_share) / 16
+            elif now >= due:
+                del self.pending_reports[q]
+                self.spare_share -= self.spare_share / 16
+                if self.spare_share < LATE_SHARE and self.holdoff_until > now:
+                    self.holdoff_until = 0.0  # these holes were lost, not late
+                    self.notices_ignored_until = now + REORDERING_S
+                    self.engine.stats["holdoffs_dropped"] += 1
+                if q == epsn:
+                    self._nak_gap()
+                else:
+                    self.engine.stats["holes_reported"] += 1
+                    self.send_ack(aeth_syndrome(AethKind.NAK, NakCode.PSN_SEQUENCE_ERROR),
+                                  epsn, q)
+
+    def reports_due(self) -> float:
+        """When the next held-back hole report is due (inf: none)."""
+        return min(self.pending_reports.values()) if self.pending_reports else float("inf")
 
     def _report_duplicate(self, psn: int) -> None:
         """``psn`` arrived twice: tell a selective peer (a duplicate report, which ACKs
@@ -1378,7 +1477,9 @@ class QueuePair:
             self.epsn = psn
             self.w_done += m * mtu
             self.ack_pending = True
-        if held and not self.nak_sent:
+        if held and self.epsn in self.pending_reports:
+            pass  # held packets behind a gap whose report is held back: it waits on
+        elif held and not self.nak_sent:
             # Held packets behind a new gap: it has waited long enough. The NAK also
             # ACKs everything before it.
             self.ack_pending = False

@@ -92,6 +92,12 @@ ACK_CREDIT_DUPLICATE = 0b11110
 end-to-end credits flow between them, so the field is free; the HDL reads only the kind."""
 
 
+ACK_CREDIT_REORDERING = 0b11101
+"""Credit field of a *reordering notice*, an ACK between two software engines only
+(proto/reliability.py): cumulative as any ACK, its MSN carries for how many microseconds
+the engine it is sent to should hold back each hole report to the sender."""
+
+
 def aeth_syndrome(kind: AethKind, value: int) -> int:
     return (int(kind) << 5) | (value & 0x1F)
 

@@ -38,6 +38,17 @@ holes; where many holes were late, their resend waits out a reordering window me
 how late they were. A hole reported again after its resend is a loss either way. The HDL
 reads only an ACK's kind, and no HDL node is sent one.
 
+A requester that finds the path reordering tells the responder so, to spare the reports
+themselves: a *reordering notice* is an ACK (cumulative, as any ACK: its PSN is the
+sender's own expected PSN less one) whose credit field is ``opcodes.ACK_CREDIT_REORDERING``
+and whose MSN field carries its reordering window in microseconds. For a while after it
+(the requester renews it while late holes go on), the responder holds each hole report
+back that long, and a hole that fills meanwhile is never reported: a late packet then costs
+no report, no resend and no duplicate report. A report that does come names a hole older
+than the window, which the requester resends at once. Where few of the held-back holes
+fill before their report, the holes were lost, not late: the responder reports at once
+again and ignores notices for a while. Software engines only, as above.
+
 A requester talking to a holding responder resends, on a NAK (or a first timer expiry),
 the oldest packet alone and, if the ACKs then stop exactly at the first packet the
 responder could not hold (toward a software responder: the first :func:`hold_packets`

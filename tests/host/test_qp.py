@@ -16,6 +16,7 @@ from fpgaccl.proto.drops import DropReason
 from fpgaccl.proto.opcodes import (
     ACK_CREDIT_DUPLICATE,
     ACK_CREDIT_INVALID,
+    ACK_CREDIT_REORDERING,
     AethKind,
     NakCode,
     Opcode,
@@ -262,19 +263,60 @@ def test_on_a_reordering_path_a_hole_waits_out_the_reordering_window() -> None:
     _send(qp, 200)
     qp.srtt = 0.001
     qp.late_share, qp.reo_wnd, qp.reordered_at = 0.5, 0.002, 1.0
+    qp.notice_share = 0.5
     eng.out.clear()
     qp.on_ack(PSN0 + 10, NAK_SEQ, 1.000, PSN0 + 10)  # the first hole: it waits
     qp.on_ack(PSN0 + 10, NAK_SEQ, 1.0005, PSN0 + 30)  # and a later one
     qp.check_timer(1.0015, 0.05)
     assert not eng.out and eng.stats["resends_deferred"] == 2
-    # 10 arrives late: the ACKs pass it, and nothing was resent for it.
+    # 10 arrives late: the ACKs pass it, and nothing was resent for it. The peer is
+    # told to hold its reports back for the window (a reordering notice).
     qp.on_ack(PSN0 + 20, NAK_SEQ, 1.0018, PSN0 + 30)
-    assert not eng.out and eng.stats["holes_filled_late"] == 1
+    assert eng.stats["holes_filled_late"] == 1
     assert qp.reo_wnd == pytest.approx(0.002 - (0.002 - 0.0018) / 8)
+    assert _credit_msn(eng) == [(AethKind.ACK, ACK_CREDIT_REORDERING, 99,
+                                 round(qp.reo_wnd * 1e6))]
     # 30 does not: once its wait is over, it is resent alone.
     qp.check_timer(1.0026, 0.05)
     assert [_psn(d) for d in eng.out] == [PSN0 + 30] and not qp.deferred
     assert eng.stats["window_cuts"] == 0
+
+
+def test_late_holes_send_the_peer_a_reordering_notice_at_a_bounded_rate() -> None:
+    qp, eng = _qp(window=256, selective=True)
+    _send(qp, 200)
+    qp.srtt = 0.001
+    eng.out.clear()
+    t = 1.0
+    for hole in (PSN0 + 5, PSN0 + 15, PSN0 + 25):  # each resent alone, then found late
+        qp.on_ack(hole, NAK_SEQ, t, hole)
+        qp.on_ack(hole, wire.DUPLICATE_SYNDROME, t + 0.0015, hole)
+        t += 0.002
+    notices = [a for a in _credit_msn(eng) if a[:2] == (AethKind.ACK, ACK_CREDIT_REORDERING)]
+    # Once late holes are a share of those resent: one notice, the window in its MSN.
+    assert notices == [(AethKind.ACK, ACK_CREDIT_REORDERING, 99, 1500)]
+    assert eng.stats["reordering_notices"] == 1
+    # Renewed no sooner than NOTICE_EVERY_S, unless the window grew by a quarter.
+    qp.on_ack(PSN0 + 35, NAK_SEQ, t, PSN0 + 35)
+    qp.on_ack(PSN0 + 35, wire.DUPLICATE_SYNDROME, t + 0.0015, PSN0 + 35)
+    assert eng.stats["reordering_notices"] == 1
+    qp.on_ack(PSN0 + 45, NAK_SEQ, t + 0.002, PSN0 + 45)
+    qp.on_ack(PSN0 + 45, wire.DUPLICATE_SYNDROME, t + 0.0045, PSN0 + 45)
+    assert eng.stats["reordering_notices"] == 2
+    # While the peer holds its reports back, a report names an overdue hole: resent at
+    # once, not deferred (a round trip after the notice, when the peer has it).
+    eng.out.clear()
+    qp.late_share = 0.5
+    qp.on_ack(PSN0 + 60, NAK_SEQ, qp.notice_from + 0.001, PSN0 + 60)
+    assert [_psn(d) for d in eng.out] == [PSN0 + 60] and not qp.deferred
+
+
+def test_a_go_back_n_requester_sends_no_reordering_notice() -> None:
+    qp, eng = _qp(window=256, selective=False)
+    _send(qp, 200)
+    qp.on_ack(PSN0 + 5, NAK_SEQ, 1.0)
+    qp.on_ack(PSN0 + 10, wire.DUPLICATE_SYNDROME, 1.0015, PSN0 + 5)
+    assert not eng.stats["reordering_notices"]
 
 
 def test_a_copy_of_a_timer_resend_proves_no_resend_needless() -> None:
@@ -554,6 +596,67 @@ def test_a_packet_that_arrives_twice_is_named_to_a_selective_peer(selective: boo
     else:  # a plain re-ACK, for the copy of what it has only
         assert acks == [(AethKind.ACK, ACK_CREDIT_INVALID, 101, qp.msn)]
     assert eng.drops[DropReason.PSN_DUPLICATE] == 2
+
+
+def _notice(qp: QueuePair, holdoff_s: float, now: float) -> None:
+    """The peer's reordering notice, as on_ack takes it (cumulative: it ACKs nothing new)."""
+    qp.on_ack(PSN0 - 1, wire.REORDERING_SYNDROME, now, round(holdoff_s * 1e6))
+
+
+def test_after_a_reordering_notice_hole_reports_wait_and_late_packets_spare_them(
+        monkeypatch) -> None:
+    clock = [50.0]
+    monkeypatch.setattr(qp_mod.time, "monotonic", lambda: clock[0])
+    qp, eng = _qp(selective=True)
+    _notice(qp, 0.002, clock[0])
+    data = np.random.default_rng(3).integers(0, 256, 40 * MTU, np.uint8).tobytes()
+    _write(qp, eng, 0, data, 40)
+    for i in range(2, 30):
+        if i not in (4, 9):  # 1, 4 and 9 missing
+            _write(qp, eng, i, data, 40)
+    assert not _naks(eng) and eng.stats["reports_held_back"] == 3
+    clock[0] += 0.001
+    _write(qp, eng, 4, data, 40)  # late: its report is spared
+    qp.run_reports(clock[0])
+    assert not _naks(eng) and eng.stats["reports_spared"] == 1
+    clock[0] += 0.0011  # the others' holdoff is over: reported, the gap's NAK first
+    qp.run_reports(clock[0])
+    assert _naks(eng) == [(101, 101), (101, 109)] and not qp.pending_reports
+    for i in (1, 9):
+        _write(qp, eng, i, data, 40)
+    for i in range(30, 40):
+        _write(qp, eng, i, data, 40)
+    assert qp.epsn == 140 and qp.ring.buf[:len(data)].tobytes() == data
+    # Without a notice (or once it lapsed), holes are reported at once, as before.
+    clock[0] += qp_mod.REORDERING_S
+    qp2, eng2 = _qp(selective=True)
+    _write(qp2, eng2, 0, data, 40)
+    for i in range(2, 6):
+        _write(qp2, eng2, i, data, 40)
+    assert _naks(eng2) == [(101, 101)]
+
+
+def test_a_reordering_notice_whose_holes_are_lost_is_dropped(monkeypatch) -> None:
+    clock = [50.0]
+    monkeypatch.setattr(qp_mod.time, "monotonic", lambda: clock[0])
+    qp, eng = _qp(selective=True)
+    _notice(qp, 0.001, clock[0])
+    data = bytes(64 * MTU)
+    _write(qp, eng, 0, data, 64)
+    for i in range(1, 60):
+        if i % 2:  # every odd PSN lost: none fills while its report waits
+            continue
+        _write(qp, eng, i, data, 64)
+    clock[0] += 0.0011
+    qp.run_reports(clock[0])
+    assert eng.stats["holdoffs_dropped"] == 1
+    n = eng.stats["holes_reported"]
+    assert n >= 25  # every hole reported when due
+    # Now reports go at once, and the next notice is ignored for REORDERING_S.
+    _notice(qp, 0.001, clock[0])
+    _write(qp, eng, 62, data, 64)
+    _write(qp, eng, 63, data, 64)  # (an early LAST, kept aside: the holes before it go)
+    assert eng.stats["holes_reported"] > n and not qp.pending_reports
 
 
 # ---------------------------------------------------------------- on a lossy link
