@@ -23,7 +23,8 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--pcap", default=None, help="write all RoCEv2 traffic to this pcap")
     run.add_argument("--impair", default=None,
                      help="lossy link for testing, e.g. loss=0.05,dup=0.02,reorder=0.05,delay=0.01 "
-                     "(delay in seconds each way)")
+                     "(delay in seconds each way; lag=0.002 holds a reordered datagram back "
+                     "that long instead of until the next one)")
     run.add_argument("--deadline", type=float, default=None,
                      help="seconds a collective may wait without progress before it raises "
                      "CollectiveTimeoutError")

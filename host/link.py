@@ -27,6 +27,10 @@ class ImpairedLink:
     # engine never waits for it). A long link is a slow one for a windowed transport: a
     # peer that stays alive and moves, however long its calls take.
     delay: float = 0.0
+    # With ``lag``, a reordered datagram is held back this many seconds (on a line of its
+    # own) instead of until the next one: it arrives behind everything sent meanwhile, as
+    # on a path whose packets take different routes.
+    lag: float = 0.0
     seed: int = 0
     stats: dict[str, int] = field(default_factory=lambda: {"lost": 0, "duplicated": 0,
                                                            "reordered": 0})
@@ -45,7 +49,12 @@ class ImpairedLink:
             self.stats["lost"] += 1
             self._release(send)
             return
-        if self._held is None and rng.random() < self.reorder:
+        if self.lag:
+            if rng.random() < self.reorder:
+                self.stats["reordered"] += 1
+                self._lagged(send)(parts, addr)
+                return
+        elif self._held is None and rng.random() < self.reorder:
             self.stats["reordered"] += 1
             self._held = (parts, addr)  # goes out after the next datagram
             return
@@ -56,14 +65,23 @@ class ImpairedLink:
         self._release(send)
 
     def _delayed(self, send: Send) -> Send:
-        line = getattr(self, "_line", None)
+        return self._later(send, "_line", self.delay)
+
+    def _lagged(self, send: Send) -> Send:
+        return self._later(send, "_lag_line", self.lag)
+
+    def _later(self, send: Send, name: str, delay: float) -> Send:
+        """``send`` through the delay line ``name`` (one thread each, first in first out:
+        its datagrams all wait ``delay``)."""
+        line = getattr(self, name, None)
         if line is None:
-            line = self._line = queue.SimpleQueue()
+            line = queue.SimpleQueue()
+            setattr(self, name, line)
             threading.Thread(target=self._drain, args=(line,), daemon=True,
                              name="fpgaccl-link-delay").start()
 
         def later(parts: tuple, addr: tuple[str, int]) -> None:
-            line.put((time.monotonic() + self.delay, send, parts, addr))
+            line.put((time.monotonic() + delay, send, parts, addr))
         return later
 
     @staticmethod
@@ -83,11 +101,11 @@ class ImpairedLink:
 
     @classmethod
     def parse(cls, spec: str, seed: int = 0) -> ImpairedLink:
-        """``"loss=0.05,dup=0.02,reorder=0.05[,delay=0.001][,seed=N]"``"""
+        """``"loss=0.05,dup=0.02,reorder=0.05[,delay=0.001][,lag=0.002][,seed=N]"``"""
         kw: dict[str, float] = {}
         for item in filter(None, (s.strip() for s in spec.split(","))):
             key, _, value = item.partition("=")
-            if key not in ("loss", "dup", "reorder", "delay", "seed"):
+            if key not in ("loss", "dup", "reorder", "delay", "lag", "seed"):
                 from fpgaccl.errors import InvalidArgumentError
                 raise InvalidArgumentError("impair", f"unknown impairment {key!r}")
             kw[key] = float(value)
