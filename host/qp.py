@@ -755,9 +755,14 @@ class QueuePair:
                 return  # it moved the ACKs to where the unheld rest was resent from
             if (self.selective and msn is not None and msn != psn
                     and 0 < psn_diff(msn, psn) < self.inflight):
+                # A later hole (proto/reliability.py).
+                if self._resent_lately(msn, now):
+                    # A report that crossed the hole's resend: no news.
+                    self.engine.stats["nak_ignored"] += 1
+                    return
                 self._cut_reported(msn, now)
                 if not self._defer(msn, now):
-                    self._resend_hole(msn, now)  # a later hole (proto/reliability.py)
+                    self._resend_hole(msn, now)
                 return
             if self.selective and self._resent_lately(psn, now):
                 # The gap is a hole already resent: its resend is still on its way.
@@ -894,11 +899,10 @@ class QueuePair:
         return True
 
     def _cut_reported(self, psn: int, now: float) -> None:
-        """A holding responder reported ``psn`` missing: a loss, unless this path reorders
-        (REORDERING_S) and ``psn`` was not resent before. The cut is undone if its
-        packet's resend turns out needless (:meth:`_arrived_twice`)."""
-        if self._resent_lately(psn, now):
-            return  # a report that crossed the resend: no news
+        """A holding responder reported ``psn`` missing (not resent within a round trip:
+        the caller looked): a loss, unless this path reorders (REORDERING_S) and ``psn``
+        was not resent before. The cut is undone if its packet's resend turns out
+        needless (:meth:`_arrived_twice`)."""
         if now - self.reordered_at < REORDERING_S and psn not in self.resent_alone:
             self.engine.stats["window_cuts_spared"] += 1
             return
