@@ -40,7 +40,10 @@ def run_world(world: int, fn: Callable, *, timeout: float = 120.0,
 
     Returns {rank: ("ok", value) | ("error", info) | ("died", exitcode)}.
     """
-    port = random.randint(20000, 60000)
+    # Below Linux's ephemeral range (32768-60999): a port the kernel gave some connection
+    # cannot be bound for the rendezvous, and rank 0 would fail while the others wait out
+    # their rendezvous timeout (seen once in CI).
+    port = random.randint(20000, 32767)
     q = _CTX.Queue()
     procs = []
     for r in range(world):

@@ -329,7 +329,7 @@ def test_a_world_that_does_not_form_gives_its_address_back() -> None:
     sockets are closed then, not whenever the failed object is collected, so the same
     process can try again on the same address."""
     from fpgaccl.errors import CollectiveTimeoutError
-    kw = {"bind_ip": "127.77.9.5", "master_port": random.randint(20000, 60000),
+    kw = {"bind_ip": "127.77.9.5", "master_port": random.randint(20000, 32767),
           "rendezvous_timeout_s": 0.5}
     with pytest.raises(CollectiveTimeoutError) as e:
         Communicator(1, 2, **kw)
