@@ -1397,9 +1397,14 @@ class QueuePair:
                     self.reported = q
                     return
                 sent += 1
-                self.engine.stats["holes_reported"] += 1
-                self.send_ack(aeth_syndrome(AethKind.NAK, NakCode.PSN_SEQUENCE_ERROR), epsn, q)
+                self._report_hole(q)
         self.reported = (epsn + end) & wire.PSN_MASK
+
+    def _report_hole(self, psn: int) -> None:
+        """Name the missing ``psn`` to a selective peer: a NAK for the expected PSN whose
+        MSN is the hole."""
+        self.engine.stats["holes_reported"] += 1
+        self.send_ack(aeth_syndrome(AethKind.NAK, NakCode.PSN_SEQUENCE_ERROR), self.epsn, psn)
 
     def _noticed(self, holdoff: float, now: float) -> None:
         """The peer's reordering notice: hold each hole report to it back ``holdoff``
@@ -1431,9 +1436,7 @@ class QueuePair:
                 if q == epsn:
                     self._nak_gap()
                 else:
-                    self.engine.stats["holes_reported"] += 1
-                    self.send_ack(aeth_syndrome(AethKind.NAK, NakCode.PSN_SEQUENCE_ERROR),
-                                  epsn, q)
+                    self._report_hole(q)
 
     def reports_due(self) -> float:
         """When the next held-back hole report is due (inf: none)."""
@@ -1481,11 +1484,9 @@ class QueuePair:
             self.epsn = psn
             self.w_done += m * mtu
             self.ack_pending = True
-        if held and self.epsn in self.pending_reports:
-            pass  # held packets behind a gap whose report is held back: it waits on
-        elif held and not self.nak_sent:
-            # Held packets behind a new gap: it has waited long enough. The NAK also
-            # ACKs everything before it.
+        if held and not self.nak_sent and self.epsn not in self.pending_reports:
+            # Held packets behind a new gap: it has waited long enough (unless its report
+            # is held back). The NAK also ACKs everything before it.
             self.ack_pending = False
             if self.selective:
                 self._report_again()
