@@ -33,7 +33,9 @@ from .datapath.memport import ReadMux, WriteMux, memory_ports
 from .eth.l2 import EthServices
 from .eth.symbols import RxDrop
 from .node import Node
-from .stream.beat import beat_stream
+from .stream.beat import beat_layout, beat_stream
+from .stream.skid import SkidBuffer
+from .transport.layouts import mem_write_layout
 
 COUNTERS = ("not_for_us", "control_key", "control_malformed", "service_busy")
 """The drop registers this top answers (EthServices' outputs of the same names)."""
@@ -101,8 +103,16 @@ class EthNode(wiring.Component):
             wiring.connect(m, getattr(rmux, f"resp{i}"), rs)
             wiring.connect(m, wr, getattr(wmux, f"wr{i}"))
         wiring.connect(m, rmux.req, wiring.flipped(self.rd_req))
-        wiring.connect(m, wiring.flipped(self.rd_resp), rmux.resp)
-        wiring.connect(m, wmux.wr, wiring.flipped(self.wr))
+        # Register slices between the muxes and the memory: the muxes' picks and the
+        # readers' ready chains stay out of the block RAM's address, enable and data
+        # paths. A write lands a cycle later; a read of it cannot be asked sooner (the
+        # read mux registers its requests).
+        m.submodules.rd_slice = rd_slice = SkidBuffer(beat_layout(w))
+        m.submodules.wr_slice = wr_slice = SkidBuffer(mem_write_layout(w))
+        wiring.connect(m, wiring.flipped(self.rd_resp), rd_slice.i)
+        wiring.connect(m, rd_slice.o, rmux.resp)
+        wiring.connect(m, wmux.wr, wr_slice.i)
+        wiring.connect(m, wr_slice.o, wiring.flipped(self.wr))
         return m
 
     def _csr(self, m: Module, node: Node, svc: EthServices) -> None:

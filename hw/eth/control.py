@@ -5,7 +5,7 @@ answered in place in the buffer they arrived in."""
 from __future__ import annotations
 
 from amaranth.hdl import Cat, Const, Module, Mux, Signal
-from amaranth.lib import memory, stream, wiring
+from amaranth.lib import data, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import exact_log2
 
@@ -19,6 +19,7 @@ from fpgaccl.proto.headers import ETH, IPV4, UDP
 from fpgaccl.proto.opcodes import ETHERTYPE_IPV4, IP_PROTO_UDP
 
 from ..stream.beat import beat_layout, beat_stream
+from ..stream.skid import SkidBuffer
 from .header import admit, capture, overlay
 from .mac_rx import FCS_BYTES, MAX_FRAME
 
@@ -68,6 +69,10 @@ class ControlEndpoint(wiring.Component):
         m.submodules.buf = buf = memory.Memory(shape=self.width, depth=depth, init=[])
         wp = buf.write_port(granularity=8)
         rp = buf.read_port(domain="comb")
+        # Responses leave through a register slice: the buffer's read and the header
+        # overlay stay out of the frame mux and the MAC behind it.
+        m.submodules.out = out = SkidBuffer(beat_layout(self.width))
+        wiring.connect(m, out.o, wiring.flipped(self.o))
 
         beat = self.i.payload
         idx = Signal(16)
@@ -145,9 +150,13 @@ class ControlEndpoint(wiring.Component):
         seq_diff = Signal(32)
         m.d.comb += seq_diff.eq(req.seq - slot_seq)
 
-        csr_at = Signal(ctl.CSR_ADDR_BITS)
-        m.d.comb += csr_at.eq(req.addr + (k << 2))
-        pair_addr = gather[32:]
+        bad = Signal(data.StructLayout({name: 1 for name in (
+            "malformed", "first_key", "key", "op", "length", "csr_range", "mem_range",
+            "retry", "stale")}))
+        # The bus address is a register of its own (set a cycle ahead): an adder or a
+        # state's pick in front of the CSR bank's read decode made the node's worst path.
+        csr_a = Signal(ctl.CSR_ADDR_BITS)
+        m.d.comb += self.csr.addr.eq(csr_a)
         info = Signal(header_layout(ctl.INFO))
         m.d.comb += [info.eq(ctl.INFO.to_int(**self.info)), info.mac.eq(self.mac),
                      info.ip.eq(self.ip)]
@@ -161,42 +170,57 @@ class ControlEndpoint(wiring.Component):
 
         reply = Signal(HDR_BITS)
         total = Signal(16)
+        ip_sum = Signal(20)
+        headers = self._headers(m, eth, ip, udp, req, status, resp_len)
         with m.FSM():
             with m.State("IDLE"):
                 m.d.comb += idle.eq(1)
                 with m.If(mine & beat.last):
                     m.next = "CHECK"
+            # CHECK registers every test of the request; DECIDE acts on them the next
+            # cycle, so that the compares and the priority between them do not share one.
             with m.State("CHECK"):
-                m.d.sync += [k.eq(0), b.eq(0), overflow.eq(0), gather.eq(0),
-                             waddr.eq(req.addr), wkeep.eq(0)]
-                with m.If(malformed):
+                m.d.sync += [k.eq(0), b.eq(0), overflow.eq(0), gather.eq(0), wkeep.eq(0),
+                             csr_a.eq(req.addr), waddr.eq(req.addr),
+                             bad.malformed.eq(malformed),
+                             bad.first_key.eq(is_hello & (key == 0) & (req.key != 0)),
+                             bad.key.eq((key == 0) | (req.key != key)),
+                             bad.op.eq(req.op > max(ctl.Op)),
+                             bad.length.eq((req.count == 0) | (want_body > self.body_max)
+                                           | (out_len > self.body_max)),
+                             bad.csr_range.eq(
+                                 (req.addr[:2] != 0)
+                                 | (req.addr + (req.count << 2) > 1 << ctl.CSR_ADDR_BITS)),
+                             bad.mem_range.eq(req.addr + req.count > 1 << self.mem_log2),
+                             bad.retry.eq(same_client & (seq_diff == 0)),
+                             bad.stale.eq(same_client & seq_diff[31])]
+                m.next = "DECIDE"
+            with m.State("DECIDE"):
+                with m.If(bad.malformed):
                     sat_inc(m, self.malformed)
                     m.next = "IDLE"
-                with m.Elif(is_hello & (key == 0) & (req.key != 0)):
+                with m.Elif(bad.first_key):
                     m.d.sync += key.eq(req.key)
                     respond(ctl.Status.OK, ctl.INFO.size, "INFO")
-                with m.Elif((key == 0) | (req.key != key)):
+                with m.Elif(bad.key):
                     sat_inc(m, self.key_drops)
                     m.next = "IDLE"
                     with m.If(is_hello):
                         respond(ctl.Status.BAD_KEY)
-                with m.Elif(req.op > max(ctl.Op)):
+                with m.Elif(bad.op):
                     respond(ctl.Status.BAD_OP)
                 with m.Elif(is_hello):
                     respond(ctl.Status.OK, ctl.INFO.size, "INFO")
-                with m.Elif((req.count == 0) | (want_body > self.body_max)
-                            | (out_len > self.body_max)):
+                with m.Elif(bad.length):
                     respond(ctl.Status.BAD_LENGTH)
-                with m.Elif((req.op == ctl.Op.CSR_READ)
-                            & ((req.addr[:2] != 0)
-                               | (req.addr + (req.count << 2) > 1 << ctl.CSR_ADDR_BITS))):
+                with m.Elif((req.op == ctl.Op.CSR_READ) & bad.csr_range):
                     respond(ctl.Status.OUT_OF_RANGE)
                 with m.Elif(((req.op == ctl.Op.MEM_READ) | (req.op == ctl.Op.MEM_WRITE))
-                            & (req.addr + req.count > 1 << self.mem_log2)):
+                            & bad.mem_range):
                     respond(ctl.Status.OUT_OF_RANGE)
-                with m.Elif(is_write & same_client & (seq_diff == 0)):
+                with m.Elif(is_write & bad.retry):
                     respond(ctl.Status.OK)   # a retry: answered again, not executed
-                with m.Elif(is_write & same_client & seq_diff[31]):
+                with m.Elif(is_write & bad.stale):
                     respond(ctl.Status.STALE)
                 with m.Else():
                     m.d.sync += [status.eq(ctl.Status.OK), resp_len.eq(out_len), verify.eq(1)]
@@ -220,13 +244,15 @@ class ControlEndpoint(wiring.Component):
             # CSR_WRITE: every pair read twice, first to check its address, then to write.
             with m.State("PAIR"):
                 m.d.comb += rd_idx.eq(ctl.BODY_OFFSET + (k << 3) + b)
-                m.d.sync += [gather.eq(Cat(rd_byte, gather[:56])), b.eq(b + 1)]
+                shifted = Cat(rd_byte, gather[:56])
+                m.d.sync += [gather.eq(shifted), b.eq(b + 1)]
                 with m.If(b == 7):
-                    m.d.sync += b.eq(0)
+                    m.d.sync += [b.eq(0), csr_a.eq(shifted[32:])]
                     m.next = "PAIR_DO"
             with m.State("PAIR_DO"):
                 m.d.sync += k.eq(k + 1)
                 m.next = "PAIR"
+                pair_addr = gather[32:]
                 with m.If(verify):
                     with m.If((pair_addr[:2] != 0) | (pair_addr >> ctl.CSR_ADDR_BITS != 0)):
                         respond(ctl.Status.OUT_OF_RANGE)
@@ -235,14 +261,13 @@ class ControlEndpoint(wiring.Component):
                                      slot_ip.eq(ip.src), slot_port.eq(udp.sport),
                                      slot_seq.eq(req.seq)]
                 with m.Else():
-                    m.d.comb += [self.csr.addr.eq(pair_addr), self.csr.w_data.eq(gather[:32]),
-                                 self.csr.w_stb.eq(1)]
+                    m.d.comb += [self.csr.w_data.eq(gather[:32]), self.csr.w_stb.eq(1)]
                     with m.If(k == req.count - 1):
                         m.next = "HEADER"
 
             # CSR_READ: strobe, take the data the next cycle, store it big-endian.
             with m.State("RD_STB"):
-                m.d.comb += [self.csr.addr.eq(csr_at), self.csr.r_stb.eq(1)]
+                m.d.comb += self.csr.r_stb.eq(1)
                 m.next = "RD_DATA"
             with m.State("RD_DATA"):
                 m.d.sync += gather.eq(self.csr.r_data)
@@ -251,7 +276,7 @@ class ControlEndpoint(wiring.Component):
                 put((k << 2) + b, gather[24:32])
                 m.d.sync += [gather.eq(gather << 8), b.eq(b + 1)]
                 with m.If(b == 3):
-                    m.d.sync += [b.eq(0), k.eq(k + 1)]
+                    m.d.sync += [b.eq(0), k.eq(k + 1), csr_a.eq(csr_a + 4)]
                     m.next = "RD_STB"
                     with m.If(k == req.count - 1):
                         m.next = "HEADER"
@@ -292,9 +317,14 @@ class ControlEndpoint(wiring.Component):
                     with m.If(wlast):
                         m.next = "HEADER"
 
+            # The IPv4 checksum's sum is registered in HEADER and folded into the reply
+            # in REPLY: one adder tree per cycle.
             with m.State("HEADER"):
-                m.d.sync += [reply.eq(self._reply(m, eth, ip, udp, req, status, resp_len)),
+                m.d.sync += [ip_sum.eq(self._ip_sum(headers[1])),
                              total.eq(ctl.BODY_OFFSET + resp_len), out_idx.eq(0)]
+                m.next = "REPLY"
+            with m.State("REPLY"):
+                m.d.sync += reply.eq(self._reply(m, headers, ip_sum))
                 m.next = "SEND"
             with m.State("SEND"):
                 m.d.comb += sending.eq(1)
@@ -302,22 +332,22 @@ class ControlEndpoint(wiring.Component):
                 tail = total[:lg]        # bytes in the last beat, 0 meaning all
                 is_last = out_idx == last_idx
                 m.d.comb += [
-                    self.o.valid.eq(1),
-                    self.o.payload.data.eq(overlay(rp.data, reply, out_idx)),
-                    self.o.payload.keep.eq(Mux(is_last & (tail != 0),
+                    out.i.valid.eq(1),
+                    out.i.payload.data.eq(overlay(rp.data, reply, out_idx)),
+                    out.i.payload.keep.eq(Mux(is_last & (tail != 0),
                                                (Const(1, nb + 1) << tail) - 1, (1 << nb) - 1)),
-                    self.o.payload.first.eq(out_idx == 0),
-                    self.o.payload.last.eq(is_last),
+                    out.i.payload.first.eq(out_idx == 0),
+                    out.i.payload.last.eq(is_last),
                 ]
-                with m.If(self.o.ready):
+                with m.If(out.i.ready):
                     m.d.sync += out_idx.eq(out_idx + 1)
                     with m.If(is_last):
                         m.next = "IDLE"
         return m
 
-    def _reply(self, m, eth, ip, udp, req, status, resp_len):
-        """The response's headers: addresses and ports swapped, lengths for a body of
-        ``resp_len`` bytes, the IPv4 checksum, UDP checksum 0, the request's op, seq,
+    def _headers(self, m, eth, ip, udp, req, status, resp_len):
+        """The response's headers but the IPv4 checksum: addresses and ports swapped,
+        lengths for a body of ``resp_len`` bytes, UDP checksum 0, the request's op, seq,
         addr and count with RESPONSE (and ERROR) set."""
         eth_o = Signal(header_layout(ETH))
         ip_o = Signal(header_layout(IPV4))
@@ -334,12 +364,21 @@ class ControlEndpoint(wiring.Component):
             ctl_o.flags.eq(Mux(status == ctl.Status.OK, ctl.Flags.RESPONSE,
                                ctl.Flags.RESPONSE | ctl.Flags.ERROR)),
         ]
-        # RFC 1071 over the header with its checksum field zero, folded twice.
+        return eth_o, ip_o, udp_o, ctl_o
+
+    @staticmethod
+    def _ip_sum(ip_o):
+        """RFC 1071's sum of the header's 16-bit words, its checksum field zero."""
         raw = ip_o.as_value()
-        total = Signal(20)
+        return sum(raw[i:i + 16] for i in range(0, IPV4.bits, 16))
+
+    @staticmethod
+    def _reply(m, headers, ip_sum):
+        """The response's header bytes: ``headers`` with the IPv4 checksum of
+        ``ip_sum`` folded twice."""
+        eth_o, ip_o, udp_o, ctl_o = headers
         c1, c2 = Signal(17), Signal(17)
-        m.d.comb += [total.eq(sum(raw[i:i + 16] for i in range(0, IPV4.bits, 16))),
-                     c1.eq(total[:16] + total[16:]), c2.eq(c1[:16] + c1[16:])]
+        m.d.comb += [c1.eq(ip_sum[:16] + ip_sum[16:]), c2.eq(c1[:16] + c1[16:])]
         ip_f = Signal(header_layout(IPV4))
         m.d.comb += [ip_f.eq(ip_o), ip_f.chksum.eq(~c2[:16])]
         return Cat(to_wire(eth_o), to_wire(ip_f), to_wire(udp_o), to_wire(ctl_o))

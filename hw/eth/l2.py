@@ -18,8 +18,9 @@ from fpgaccl.proto.opcodes import ETHERTYPE_ARP, ETHERTYPE_IPV4, IP_PROTO_ICMP, 
 
 from ..csr.bus import CSRBusSignature
 from ..datapath.memport import memory_ports
-from ..stream.beat import beat_stream
+from ..stream.beat import beat_layout, beat_stream
 from ..stream.fifo import BeatFIFO
+from ..stream.skid import SkidBuffer
 from .arp import ArpResponder
 from .control import ControlEndpoint
 from .header import capture, header_beats
@@ -218,6 +219,9 @@ class EthServices(wiring.Component):
         m.submodules.control = cp = ControlEndpoint(w, max_frame=self.max_frame,
                                                     **self.control)
         m.submodules.mux = mux = FrameMux(w, 4)
+        # A register slice after the mux: its pick and the responders' buffer reads stay
+        # out of the MAC's transmit path.
+        m.submodules.tx_slice = tx_slice = SkidBuffer(beat_layout(w))
         wiring.connect(m, wiring.flipped(self.rx), demux.i)
         wiring.connect(m, demux.roce, wiring.flipped(self.roce_rx))
         for src, dst in ((demux.arp, arp.i), (demux.icmp, icmp.i), (demux.control, cp.i)):
@@ -231,7 +235,8 @@ class EthServices(wiring.Component):
         wiring.connect(m, cp.rd_req, wiring.flipped(self.rd_req))
         wiring.connect(m, wiring.flipped(self.rd_resp), cp.rd_resp)
         wiring.connect(m, cp.wr, wiring.flipped(self.wr))
-        wiring.connect(m, mux.o, wiring.flipped(self.tx))
+        wiring.connect(m, mux.o, tx_slice.i)
+        wiring.connect(m, tx_slice.o, wiring.flipped(self.tx))
         m.d.comb += [
             demux.mac.eq(self.mac), demux.ip.eq(self.ip), arp.mac.eq(self.mac),
             arp.ip.eq(self.ip), icmp.mac.eq(self.mac), cp.mac.eq(self.mac), cp.ip.eq(self.ip),
@@ -239,7 +244,8 @@ class EthServices(wiring.Component):
             self.ask_taken.eq(arp.ask_taken),
             self.lookup_hit.eq(arp.lookup_hit), self.lookup_mac.eq(arp.lookup_mac),
             self.not_for_us.eq(demux.not_for_us),
-            self.service_busy.eq(arp.busy + icmp.busy + cp.busy),
             self.control_key.eq(cp.key_drops), self.control_malformed.eq(cp.malformed),
         ]
+        # Summed into a register: the two adders stay out of the CSR read path.
+        m.d.sync += self.service_busy.eq(arp.busy + icmp.busy + cp.busy)
         return m
