@@ -68,7 +68,10 @@ class ControlEndpoint(wiring.Component):
         depth = -(-self.max_frame // nb)
         m.submodules.buf = buf = memory.Memory(shape=self.width, depth=depth, init=[])
         wp = buf.write_port(granularity=8)
-        rp = buf.read_port(domain="comb")
+        # A registered read: the buffer is block RAM (as a LUT RAM read asynchronously its
+        # output mux was the deepest path of the board's build). A body byte takes two
+        # cycles, its address and then its data (``fetched``); SEND asks a word ahead.
+        rp = buf.read_port()
         # Responses leave through a register slice: the buffer's read and the header
         # overlay stay out of the frame mux and the MAC behind it.
         m.submodules.out = out = SkidBuffer(beat_layout(self.width))
@@ -106,8 +109,10 @@ class ControlEndpoint(wiring.Component):
         wb_data = Signal(8)
         out_idx = Signal(range(depth))
         sending = Signal()
+        out_addr = Signal(range(depth))  # the word SEND shows next cycle
+        fetched = Signal()
         m.d.comb += [
-            rp.addr.eq(Mux(sending, out_idx, rd_idx[lg:])),
+            rp.addr.eq(Mux(sending, out_addr, rd_idx[lg:])),
             rd_byte.eq(rp.data.word_select(rd_idx[:lg], 8)),
         ]
         with m.If(wb_en):
@@ -244,11 +249,13 @@ class ControlEndpoint(wiring.Component):
             # CSR_WRITE: every pair read twice, first to check its address, then to write.
             with m.State("PAIR"):
                 m.d.comb += rd_idx.eq(ctl.BODY_OFFSET + (k << 3) + b)
-                shifted = Cat(rd_byte, gather[:56])
-                m.d.sync += [gather.eq(shifted), b.eq(b + 1)]
-                with m.If(b == 7):
-                    m.d.sync += [b.eq(0), csr_a.eq(shifted[32:])]
-                    m.next = "PAIR_DO"
+                m.d.sync += fetched.eq(~fetched)
+                with m.If(fetched):
+                    shifted = Cat(rd_byte, gather[:56])
+                    m.d.sync += [gather.eq(shifted), b.eq(b + 1)]
+                    with m.If(b == 7):
+                        m.d.sync += [b.eq(0), csr_a.eq(shifted[32:])]
+                        m.next = "PAIR_DO"
             with m.State("PAIR_DO"):
                 m.d.sync += k.eq(k + 1)
                 m.next = "PAIR"
@@ -300,13 +307,16 @@ class ControlEndpoint(wiring.Component):
             # MEM_WRITE: the body's bytes gathered into beats at addr, addr + nb, ...
             with m.State("MW_GATHER"):
                 m.d.comb += rd_idx.eq(ctl.BODY_OFFSET + k)
-                for lane in range(nb):
-                    with m.If(b[:lg] == lane):
-                        m.d.sync += [wbeat.word_select(lane, 8).eq(rd_byte), wkeep[lane].eq(1)]
-                m.d.sync += [k.eq(k + 1), b.eq(b + 1), wlast.eq(k == req.count - 1)]
-                with m.If((b == nb - 1) | (k == req.count - 1)):
-                    m.d.sync += b.eq(0)
-                    m.next = "MW_PUT"
+                m.d.sync += fetched.eq(~fetched)
+                with m.If(fetched):
+                    for lane in range(nb):
+                        with m.If(b[:lg] == lane):
+                            m.d.sync += [wbeat.word_select(lane, 8).eq(rd_byte),
+                                         wkeep[lane].eq(1)]
+                    m.d.sync += [k.eq(k + 1), b.eq(b + 1), wlast.eq(k == req.count - 1)]
+                    with m.If((b == nb - 1) | (k == req.count - 1)):
+                        m.d.sync += b.eq(0)
+                        m.next = "MW_PUT"
             with m.State("MW_PUT"):
                 m.d.comb += [self.wr.valid.eq(1), self.wr.payload.addr.eq(waddr),
                              self.wr.payload.data.eq(wbeat), self.wr.payload.keep.eq(wkeep),
@@ -325,9 +335,11 @@ class ControlEndpoint(wiring.Component):
                 m.next = "REPLY"
             with m.State("REPLY"):
                 m.d.sync += reply.eq(self._reply(m, headers, ip_sum))
+                m.d.comb += [sending.eq(1), out_addr.eq(0)]
                 m.next = "SEND"
             with m.State("SEND"):
-                m.d.comb += sending.eq(1)
+                m.d.comb += [sending.eq(1),
+                             out_addr.eq(Mux(out.i.ready, out_idx + 1, out_idx))]
                 last_idx = (total - 1)[lg:]
                 tail = total[:lg]        # bytes in the last beat, 0 meaning all
                 is_last = out_idx == last_idx
