@@ -34,7 +34,7 @@ from fpgaccl.proto.opcodes import ROCEV2_UDP_PORT
 from fpgaccl.proto.plans import QPN_BASE
 
 from . import native, wire
-from .jobs import SEQUENCE_POLL_S, Job, Jobs, Latch, Program
+from .jobs import PROBES_PER_PEER_TIMEOUT, SEQUENCE_POLL_S, Job, Jobs, Latch, Program
 from .matching import Matcher
 from .qp import Completion, MemoryRegion, Message, QueuePair, RowPool
 from .receive import Receiver
@@ -64,8 +64,9 @@ MIN_WINDOW = 8
 PEER_TIMEOUT_S = 1.25
 """A peer that ACKs nothing of what is outstanding to it (or answers no probe) for this
 long is dead. Counted only while it owes an ACK: a slow peer that ACKs anything is never
-dead, however long the call. A probe goes out every ``PEER_TIMEOUT_S / 5`` of a wait, so
-a killed rank is found by every other one within about 1.5 s."""
+dead, however long the call. A waiting job probes, every ``PEER_TIMEOUT_S / 5``, each
+peer it has not heard from for that long, so a killed rank is found by every other one
+within about 1.8 s."""
 RETRY_LIMIT = 7
 """Retransmit-timer expiries without an ACK that moves the window before the queue pair
 fails (the HDL requester's ``max_retries``), where ``peer_timeout_s`` is None: with a
@@ -438,10 +439,11 @@ class Engine:
         dead one is found even where nothing of ours is outstanding to it."""
         if self.peer_timeout_s is None:
             return
+        quiet = self.peer_timeout_s / PROBES_PER_PEER_TIMEOUT
         for peer in peers:
             qp = self.by_peer.get(peer)
             if qp is not None:
-                qp.probe(now)
+                qp.probe(now, quiet)
 
     def _run(self) -> None:
         lock = self._loop_lock

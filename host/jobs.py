@@ -33,6 +33,10 @@ SEQUENCE_POLL_S = 0.002
 ACKed message, a grant or message landed, a receive delivered, a new job) and, failing
 that, at least this often, for deadlines."""
 
+PROBES_PER_PEER_TIMEOUT = 5
+"""A waiting job asks its silent peers for a sign of life this many times per
+``peer_timeout_s`` (:meth:`Engine.probe`)."""
+
 PROGRESS_SAMPLES = 8
 """Times per deadline a waiting job looks for transport progress: a job fails after
 between 1 and 1.25 deadlines without any."""
@@ -216,7 +220,7 @@ class Jobs:
 
     def probe_s(self) -> float:
         timeout = self.engine.peer_timeout_s
-        return float("inf") if timeout is None else timeout / 5
+        return float("inf") if timeout is None else timeout / PROBES_PER_PEER_TIMEOUT
 
     def mark(self) -> tuple:
         """The transport's position: what each queue pair has received and had ACKed."""

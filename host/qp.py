@@ -376,6 +376,9 @@ class QueuePair:
         # (Engine.probe) has gone unanswered, 0 when none.
         self.acked_at = 0.0
         self.probed = 0.0
+        # When the peer last sent anything that passed the checks (Receiver.packet and
+        # the C paths): a peer heard from lately needs no probe, and answered any.
+        self.heard_at = 0.0
         self.error: BaseException | None = None
         # Recovery (proto/reliability.py). ``selective``: the peer holds early packets (a
         # software engine; set at rendezvous), so a NAK resends the NAKed packet alone and,
@@ -1787,12 +1790,21 @@ class QueuePair:
             return now - self.acked_at
         return now - self.probed if self.probed else 0.0
 
-    def probe(self, now: float) -> None:
+    def heard(self, now: float) -> None:
+        """The peer sent something that passed every check: it is alive, whatever it
+        still owes (an unanswered probe is answered)."""
+        self.heard_at = now
+        self.probed = 0.0
+
+    def probe(self, now: float, quiet_s: float = 0.0) -> None:
         """Ask a peer we owe nothing and send nothing for an ACK: a zero-length WRITE
         with the PSN before the next, which the responder drops as a duplicate and
         re-ACKs (here as in the HDL). It moves no state on either side; the answer,
-        or its absence, tells whether the peer is alive."""
-        if self.outstanding or self.error is not None or self._ack is None:
+        or its absence, tells whether the peer is alive. A peer heard from within
+        ``quiet_s`` is not asked: in a large world most peers are, and a probe to each
+        of them every round was most of the datagrams of a starved one."""
+        if (self.outstanding or self.error is not None or self._ack is None
+                or now - self.heard_at < quiet_s):
             return
         if not self.probed:
             self.probed = now

@@ -109,7 +109,7 @@ class Receiver:
         k = n // seg
         start = 0
         if k > 1:
-            start = self._middle_run(self._rxarr[:k * seg], seg, k, src, sport) * seg
+            start = self._middle_run(self._rxarr[:k * seg], seg, k, src, sport, now) * seg
         for off in range(start, n, seg):
             m = min(seg, n - off)
             self.packet(buf[off:off + m], m, src, sport, now)
@@ -146,7 +146,7 @@ class Receiver:
                 # The steady state: run after run of one WRITE's MIDDLEs, all taken by
                 # one C call; ``part`` datagrams of the run after the whole ones too.
                 # Without GRO (a link shim's datagrams, say) each run is one datagram.
-                whole, part = self._middle_runs(j, r, seg, src, sport)
+                whole, part = self._middle_runs(j, r, seg, src, sport, now)
                 if whole:
                     j += whole
                     if not part:
@@ -178,7 +178,8 @@ class Receiver:
         return (qp, dqpn, wire.icrc_seed(src, qp.src_ip, sport, self.port, wire.UDP_LEN + seg),
                 w2 & wire.PSN_MASK)
 
-    def _middle_runs(self, j: int, r: int, seg: int, src: int, sport: int) -> tuple[int, int]:
+    def _middle_runs(self, j: int, r: int, seg: int, src: int, sport: int,
+                     now: float) -> tuple[int, int]:
         """:meth:`_middle_run` for the received runs j, j + 1, ... of a batch at once
         (``fp_take_runs``): how many runs were taken whole, and how many datagrams of
         the run after them. Run j starts with a MIDDLE opcode (the caller checks)."""
@@ -193,10 +194,12 @@ class Receiver:
         self.stats["rx_coalesced"] += taken
         if not taken:
             return 0, 0
+        qp.heard(now)
         done = sum(self._rxmeta[0, j:j + whole].tolist()) // seg
         return whole, taken - done
 
-    def _middle_run(self, run: np.ndarray, seg: int, k: int, src: int, sport: int) -> int:
+    def _middle_run(self, run: np.ndarray, seg: int, k: int, src: int, sport: int,
+                    now: float) -> int:
         """Take the leading datagrams of ``k`` coalesced ones of ``seg`` bytes at once as
         far as they are the next in-order RDMA WRITE MIDDLE packets of one QP with good
         ICRCs (the steady state of a large transfer); returns how many it took. The rest,
@@ -209,6 +212,8 @@ class Receiver:
         took = qp.on_middle_run(run.reshape(k, seg), seed)
         self.stats["rx_packets"] += took
         self.stats["rx_coalesced"] += took
+        if took:
+            qp.heard(now)
         return took
 
     def packet(self, buf: memoryview, n: int, src: int, sport: int, now: float) -> None:
@@ -246,6 +251,7 @@ class Receiver:
         if src != qp.dst_ip or (sport != qp.peer_sport and sport != qp.peer_sport_alt):
             self.drops[DropReason.WRONG_SOURCE] += 1
             return
+        qp.heard(now)
         if opcode == Opcode.ACKNOWLEDGE:
             (aeth,) = wire.AETH_FMT.unpack_from(buf, wire.BTH_LEN)
             qp.on_ack(psn, aeth >> wire.SYNDROME_SHIFT, now, aeth & wire.MSN_MASK)
@@ -307,8 +313,12 @@ class Receiver:
         self.stats["acks_tx"] += b.acks_tx
         if rxq is not None:
             rxq.bulk_rx_done(b)
+            if b.rx_taken:
+                rxq.heard(now)
         if txq is not None:
             txq.bulk_tx_done(b, meta)
+            if b.acks_rx:
+                txq.heard(now)
         if stop == native.BULK_BATCH:
             self._dispatch(b.r, b.j, b.part, time.monotonic())
         elif stop == native.BULK_RX_ERROR:

@@ -181,3 +181,23 @@ def test_peer_timeout_must_be_positive_seconds_or_none(bad) -> None:
         Engine(0, "127.77.42.1", peer_timeout_s=bad)
     assert e.value.argument == "peer_timeout_s"
     assert PEER_TIMEOUT_S <= 1.5
+
+
+def test_a_peer_heard_from_lately_is_not_probed_and_hearing_answers_a_probe() -> None:
+    # In a world of 32 ranks on 2 cores, a probe to every peer on every round was most of
+    # a starved rank's datagrams: anything a peer sends shows it alive.
+    eng, sink = _silent_peer(retry_limit=None, peer_timeout_s=1.25)
+    try:
+        qp = eng.by_peer[1]
+        quiet = 1.25 / 5
+        qp.heard(10.0)
+        eng.probe([1], 10.0 + quiet / 2)
+        assert eng.stats["probes_tx"] == 0 and qp.probed == 0.0
+        eng.probe([1], 10.0 + quiet)
+        assert eng.stats["probes_tx"] == 1 and qp.probed == 10.0 + quiet
+        assert qp.silent_for(10.0 + 2 * quiet) == pytest.approx(quiet)
+        qp.heard(10.0 + 2 * quiet)  # any datagram from the peer answers the probe
+        assert qp.probed == 0.0 and qp.silent_for(10.0 + 3 * quiet) == 0.0
+    finally:
+        eng.stop()
+        sink.close()
