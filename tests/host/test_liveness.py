@@ -22,8 +22,11 @@ from fpgaccl.errors import (
 )
 from fpgaccl.host import wire
 from fpgaccl.host.engine import PEER_TIMEOUT_S, Engine
+from fpgaccl.proto.drops import DropReason
+from fpgaccl.proto.opcodes import Opcode
 
 from ._world import all_ok, run_world
+from .test_transport import sealed
 
 N_KILL = 4 << 20  # float32: 16 MiB, a call that is still in flight 20 ms in
 
@@ -201,3 +204,34 @@ def test_a_peer_heard_from_lately_is_not_probed_and_hearing_answers_a_probe() ->
     finally:
         eng.stop()
         sink.close()
+
+
+@pytest.mark.parametrize("native_path", [False, True])
+def test_a_datagram_from_the_peer_answers_its_probe(native_path) -> None:
+    # The receive path tells the queue pair it heard from its peer (here an ACK of what
+    # was last ACKed, the answer to a probe); a stranger's datagram does not.
+    eng = Engine(0, "127.77.41.1", rto_s=0.01, peer_timeout_s=1.25, native_path=native_path)
+    qp = eng.create_qp(1)
+    peer = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    peer.bind(("127.77.41.2", wire.ROCEV2_UDP_PORT))
+    stranger = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    stranger.bind(("127.77.41.3", wire.ROCEV2_UDP_PORT))
+    try:
+        qp.connect(remote_qpn=0x4242, addr=peer.getsockname(), local_ip=eng.addr[0],
+                   send_psn=10, recv_psn=100, remote_va=0, remote_rkey=0)
+        body = wire.AETH_FMT.pack(wire.ACK_SYNDROME << wire.SYNDROME_SHIFT)
+        qp.probed = 5.0
+        for sock in (stranger, peer):
+            src = sock.getsockname()[0]
+            sock.sendto(sealed(Opcode.ACKNOWLEDGE, 9, qp.qpn, body, src, eng.addr[0]),
+                        eng.addr)
+            time.sleep(0.05)
+            eng.receiver.receive()
+            if sock is stranger:
+                assert qp.probed == 5.0 and qp.heard_at == 0.0
+        assert qp.probed == 0.0 and qp.heard_at > 0.0
+        assert eng.drops[DropReason.WRONG_SOURCE] == 1
+    finally:
+        eng.stop()
+        peer.close()
+        stranger.close()
