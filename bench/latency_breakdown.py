@@ -18,9 +18,10 @@ received. Then each rank stays idle for ``--idle-s`` seconds and measures its ow
 time meanwhile (all threads): an idle communicator must not spin.
 
 The same run builds ``bench/udp_floor.c`` (``cc -O2``) and measures a plain C UDP
-ping-pong between two processes on loopback: the floor under all of it. The table and
-``bench/results/latency_breakdown.json`` (or ``--json``) report medians over the calls
-of each rank, the slowest rank's mean call time, and the load average before and after.
+ping-pong between two processes on loopback (datagrams of ``--bytes``, at most 1400):
+the floor under all of it. The table and ``bench/results/latency_breakdown.json`` (or
+``--json``) report medians over the calls of each rank, the slowest rank's mean call
+time, and the load average before and after.
 
     python bench/latency_breakdown.py                 # 4 ranks, 8 B, 500 calls
     python bench/latency_breakdown.py --bytes 64K -n 200
@@ -44,6 +45,7 @@ import numpy as np
 from common import RESULTS, provenance
 
 HERE = Path(__file__).resolve().parent
+FLOOR_MAX_BYTES = 1400  # udp_floor.c's largest datagram: one, under a 1500-byte MTU
 POINTS = ("call", "submit", "start", "end", "return")
 PARTS = (
     ("python before submit", "call", "submit"),
@@ -275,7 +277,7 @@ def main() -> int:
         return 0
     pythons = [sys.executable, *(args.python or [])]
     load0 = os.getloadavg()
-    floor = _floor(2000, args.bytes)
+    floor = _floor(2000, min(args.bytes, FLOOR_MAX_BYTES))
     print(f"{args.ranks} ranks, {args.bytes} B float32 sum allreduce, {args.iters} calls "
           f"after {args.warmup}, {args.rounds} round(s); load {load0[0]:.2f}", flush=True)
     runs: dict[str, list] = {py: [] for py in pythons}
@@ -297,8 +299,9 @@ def main() -> int:
                     "median_slowest_mean_call_us": float(np.median(slowest)),
                     "rounds": runs[py]})
     if "median_rtt_us" in floor:
-        print(f"\nC UDP ping-pong floor: round trip {floor['median_rtt_us']:.1f} us median "
-              f"({floor['mean_rtt_us']:.1f} mean); load {load0[0]:.2f} -> {load1[0]:.2f}")
+        print(f"\nC UDP ping-pong floor ({min(args.bytes, FLOOR_MAX_BYTES)} B datagrams): round "
+              f"trip {floor['median_rtt_us']:.1f} us median ({floor['mean_rtt_us']:.1f} mean); "
+              f"load {load0[0]:.2f} -> {load1[0]:.2f}")
     else:
         print(f"\nfloor: {floor['skipped']}")
     args.json.parent.mkdir(parents=True, exist_ok=True)
