@@ -34,7 +34,7 @@ from fpgaccl.proto.opcodes import ROCEV2_UDP_PORT
 from fpgaccl.proto.plans import QPN_BASE
 
 from . import native, wire
-from .jobs import PROBES_PER_PEER_TIMEOUT, SEQUENCE_POLL_S, Job, Jobs, Latch, Program
+from .jobs import SEQUENCE_POLL_S, Job, Jobs, Latch, Program
 from .matching import Matcher
 from .qp import Completion, MemoryRegion, Message, QueuePair, RowPool
 from .receive import Receiver
@@ -439,7 +439,7 @@ class Engine:
         dead one is found even where nothing of ours is outstanding to it."""
         if self.peer_timeout_s is None:
             return
-        quiet = self.peer_timeout_s / PROBES_PER_PEER_TIMEOUT
+        quiet = self.jobs.probe_s()  # heard from within one probe interval: alive
         for peer in peers:
             qp = self.by_peer.get(peer)
             if qp is not None:

@@ -155,7 +155,7 @@ class ControlEndpoint(wiring.Component):
         seq_diff = Signal(32)
         m.d.comb += seq_diff.eq(req.seq - slot_seq)
 
-        bad = Signal(data.StructLayout({name: 1 for name in (
+        judged = Signal(data.StructLayout({name: 1 for name in (
             "malformed", "first_key", "key", "op", "length", "csr_range", "mem_range",
             "retry", "stale")}))
         # The bus address is a register of its own (set a cycle ahead): an adder or a
@@ -187,45 +187,45 @@ class ControlEndpoint(wiring.Component):
             with m.State("CHECK"):
                 m.d.sync += [k.eq(0), b.eq(0), overflow.eq(0), gather.eq(0), wkeep.eq(0),
                              csr_a.eq(req.addr), waddr.eq(req.addr),
-                             bad.malformed.eq(malformed),
-                             bad.first_key.eq(is_hello & (key == 0) & (req.key != 0)),
-                             bad.key.eq((key == 0) | (req.key != key)),
-                             bad.op.eq(req.op > max(ctl.Op)),
-                             bad.length.eq((req.count == 0) | (want_body > self.body_max)
+                             judged.malformed.eq(malformed),
+                             judged.first_key.eq(is_hello & (key == 0) & (req.key != 0)),
+                             judged.key.eq((key == 0) | (req.key != key)),
+                             judged.op.eq(req.op > max(ctl.Op)),
+                             judged.length.eq((req.count == 0) | (want_body > self.body_max)
                                            | (out_len > self.body_max)),
-                             bad.csr_range.eq(
+                             judged.csr_range.eq(
                                  (req.addr[:2] != 0)
                                  | (req.addr + (req.count << 2) > 1 << ctl.CSR_ADDR_BITS)),
-                             bad.mem_range.eq(req.addr + req.count > 1 << self.mem_log2),
-                             bad.retry.eq(same_client & (seq_diff == 0)),
-                             bad.stale.eq(same_client & seq_diff[31])]
+                             judged.mem_range.eq(req.addr + req.count > 1 << self.mem_log2),
+                             judged.retry.eq(same_client & (seq_diff == 0)),
+                             judged.stale.eq(same_client & seq_diff[31])]
                 m.next = "DECIDE"
             with m.State("DECIDE"):
-                with m.If(bad.malformed):
+                with m.If(judged.malformed):
                     sat_inc(m, self.malformed)
                     m.next = "IDLE"
-                with m.Elif(bad.first_key):
+                with m.Elif(judged.first_key):
                     m.d.sync += key.eq(req.key)
                     respond(ctl.Status.OK, ctl.INFO.size, "INFO")
-                with m.Elif(bad.key):
+                with m.Elif(judged.key):
                     sat_inc(m, self.key_drops)
                     m.next = "IDLE"
                     with m.If(is_hello):
                         respond(ctl.Status.BAD_KEY)
-                with m.Elif(bad.op):
+                with m.Elif(judged.op):
                     respond(ctl.Status.BAD_OP)
                 with m.Elif(is_hello):
                     respond(ctl.Status.OK, ctl.INFO.size, "INFO")
-                with m.Elif(bad.length):
+                with m.Elif(judged.length):
                     respond(ctl.Status.BAD_LENGTH)
-                with m.Elif((req.op == ctl.Op.CSR_READ) & bad.csr_range):
+                with m.Elif((req.op == ctl.Op.CSR_READ) & judged.csr_range):
                     respond(ctl.Status.OUT_OF_RANGE)
                 with m.Elif(((req.op == ctl.Op.MEM_READ) | (req.op == ctl.Op.MEM_WRITE))
-                            & bad.mem_range):
+                            & judged.mem_range):
                     respond(ctl.Status.OUT_OF_RANGE)
-                with m.Elif(is_write & bad.retry):
+                with m.Elif(is_write & judged.retry):
                     respond(ctl.Status.OK)   # a retry: answered again, not executed
-                with m.Elif(is_write & bad.stale):
+                with m.Elif(is_write & judged.stale):
                     respond(ctl.Status.STALE)
                 with m.Else():
                     m.d.sync += [status.eq(ctl.Status.OK), resp_len.eq(out_len), verify.eq(1)]
