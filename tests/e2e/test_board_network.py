@@ -96,16 +96,19 @@ tap, node_ip, node_mac, key, cue = (sys.argv[1], sys.argv[2], sys.argv[3], int(s
 rmap = default_map(qps=NODE["qps"], regions=NODE["regions"], imem_words=NODE["imem_words"],
                    dma=False)
 names = ("not_for_us", "control_key", "wrong_source")
-def counters(dev):
+def persist(ask):
     # The control endpoint serves one request at a time and drops the others (the rank's
     # MEM_READ/MEM_WRITEs keep it busy most of the time): ask again until it answers.
     end = time.monotonic() + 240
     while True:
         try:
-            return {n: dev.csr_read(rmap.address(f"drops.{n}")) for n in names}
+            return ask()
         except TransportError:
             if time.monotonic() > end:
                 raise
+
+def counters(dev):
+    return persist(lambda: {n: dev.csr_read(rmap.address(f"drops.{n}")) for n in names})
 
 def frame(dst_mac, dst_ip):
     icmp = bytes([8, 0, 0, 0]) + bytes(4)
@@ -135,7 +138,7 @@ def forged(qpn, psn):
 
 while not os.path.exists(cue):
     time.sleep(0.05)
-dev = UdpDevice(node_ip, key, timeout_s=0.5, retries=3)
+dev = persist(lambda: UdpDevice(node_ip, key, timeout_s=0.5, retries=3))
 before, t0 = counters(dev), time.time()
 raw = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
 raw.bind((tap, 0))
