@@ -402,10 +402,12 @@ class Engine:
         self.jobs.close_running(per_job or (lambda job: error))
         self.failed = error
 
-    def peer_dead(self, qp: QueuePair, reason: str) -> None:
+    def peer_dead(self, qp: QueuePair, reason: str, notify: bool = True) -> None:
         """``qp``'s peer stopped answering: every call fails, naming it. A world missing
         a rank cannot run a collective again, so the engine stays failed, as after any
-        queue pair's failure."""
+        queue pair's failure. ``notify``: tell the other software peers (a dead-peer
+        notice, proto/reliability.py), so that they name this rank too, not the one
+        that exits on the error first."""
         if qp.error is not None:
             return
         timeout = self.peer_timeout_s or 0.0
@@ -416,17 +418,56 @@ class Engine:
 
         qp.error = dead(None)
         self.stats["peers_dead"] += 1
+        if notify:
+            for other in self.by_peer.values():
+                if other is not qp and other.error is None and other.selective:
+                    self.stats["dead_notices"] += 1
+                    other.send_ack(wire.PEER_DEAD_SYNDROME, (other.epsn - 1) & wire.PSN_MASK,
+                                   qp.peer)
         self.qp_failed(qp, qp.error, dead)
 
+    def peer_reported_dead(self, by: QueuePair, rank: int) -> None:
+        """``by``'s peer found ``rank`` dead (a dead-peer notice): fail the same way."""
+        self.stats["dead_notices_rx"] += 1
+        qp = self.by_peer.get(rank)
+        if qp is not None and qp is not by:
+            self.peer_dead(qp, f"rank {by.peer} found it dead", notify=False)
+
+    def _socket_errors(self, now: float) -> None:
+        """Read what the kernel queued on the sockets. An ICMP port unreachable for a
+        peer's address says its process is gone (its socket closed): a killed rank on a
+        live host is found in one probe interval, not a peer timeout (check_liveness).
+        Counted under ``port_unreachable`` (else ``socket_errors_other``); other errors
+        are left to the timers."""
+        self.udp.read_errors()
+        errors, self.udp.errors = self.udp.errors, []
+        for e in errors:
+            if not e.port_closed:
+                self.stats["socket_errors_other"] += 1
+                continue
+            self.stats["port_unreachable"] += 1
+            for qp in self.by_peer.values():
+                if qp.addr == e.dst:
+                    qp.closed_at = now
+            if self.peer_timeout_s is not None:
+                self.check_liveness(now)
+
     def check_liveness(self, now: float) -> None:
-        """Fail the queue pair of a peer that has owed an ACK for ``peer_timeout_s``.
-        Called only on a turn whose receive found nothing: what has arrived is read
-        before a silence is judged."""
+        """Fail the queue pair of a peer that has owed an ACK for ``peer_timeout_s``, or
+        for one probe interval since its port was found closed (an ICMP port
+        unreachable after we last heard from it). The silence is what decides: anyone
+        on the network can forge an ICMP message, but not a live peer's silence. Called
+        only on a turn whose receive found nothing: what has arrived is read before a
+        silence is judged."""
         timeout = self.peer_timeout_s
         if timeout is None:
             return
+        quiet = self.jobs.probe_s()
         for qp in self.by_peer.values():
             if qp.error is None and (qp.outstanding or qp.probed):
+                if qp.closed_at > qp.heard_at and now - qp.heard_at >= quiet:
+                    self.peer_dead(qp, "ICMP port unreachable: its process is gone")
+                    return
                 silent = qp.silent_for(now)
                 if silent > timeout:
                     what = (f"{qp.inflight} packet(s) unACKed" if qp.outstanding
@@ -484,10 +525,14 @@ class Engine:
                 self._sleep_until = 0.0
                 if not events:
                     self.stats["poll_expired"] += 1
-                elif any(fd == wake_fd for fd, _ in events):
-                    # Drain the wake-ups only when there are some: one system call
-                    # fewer on every datagram-driven wake.
-                    self._drain_wake()
+                    continue
+                for fd, ev in events:
+                    if fd == wake_fd:
+                        # Drain the wake-ups only when there are some: one system call
+                        # fewer on every datagram-driven wake.
+                        self._drain_wake()
+                    elif ev & select.POLLERR:
+                        self.udp.errors_pending = True
         except BaseException as e:  # the engine must never die silently
             self._die(e)
         finally:
@@ -516,6 +561,8 @@ class Engine:
         else:
             busy = self.receiver.receive()
         now = time.monotonic()
+        if self.udp.errors_pending or self.udp.errors:
+            self._socket_errors(now)
         if now - self._turn_at > STALL_S:
             self._live_at = now + STALL_S  # our own stall is no peer's silence
         self._turn_at = now
@@ -631,6 +678,8 @@ class Engine:
                     raise OSError(-got, os.strerror(-got))
                 if got & wake_bit:
                     self._drain_wake()
+                if got & native.SOCKET_ERROR_BIT:
+                    self.udp.errors_pending = True
                 return got != 0
             self._drive_waiter = wait
             return wait
@@ -641,8 +690,11 @@ class Engine:
 
         def wait_py(ms: int) -> bool:
             events = poller.poll(ms)
-            if any(fd == wake_fd for fd, _ in events):
-                self._drain_wake()
+            for fd, ev in events:
+                if fd == wake_fd:
+                    self._drain_wake()
+                elif ev & select.POLLERR:
+                    self.udp.errors_pending = True
             return bool(events)
         self._drive_waiter = wait_py
         return wait_py

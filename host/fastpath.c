@@ -529,7 +529,7 @@ int fp_recv_batch(int fd, uint8_t *buf, uint32_t slot, uint32_t nmax, uint32_t *
 #define BULK_FDS 16
 
 enum { BULK_WAKE = 1, BULK_TIMER, BULK_BATCH, BULK_TX_DONE, BULK_ACKED, BULK_RX_ERROR,
-       BULK_TX_ERROR };
+       BULK_TX_ERROR, BULK_SOCKET_ERROR };
 
 typedef struct {
     int32_t tx_fd, wake_fd, nfds, pad0;
@@ -559,7 +559,7 @@ typedef struct {
     uint32_t peer_ack_state, notify_on, notify_psn, acked, acked_psn, pad1;
     double last_progress;
     /* results */
-    uint32_t stop, r, j, part, ack_lost, pad2;
+    uint32_t stop, r, j, part, ack_lost, sock_error;
     uint64_t rx_taken, acks_tx, acks_rx;
     int64_t err;
 } bulk_t;
@@ -604,8 +604,10 @@ static int bulk_send(bulk_t *b, double now) {
                                        b->per, &b->tx_dst);
             if (s < 0) {
                 if (s == -ECONNREFUSED || s == -EHOSTUNREACH || s == -ENETUNREACH) {
-                    done = k; /* the peer is gone: its timeout will surface */
-                    break;
+                    /* Another datagram's ICMP error, reported once (IP_RECVERR): these
+                     * did not go. Send again; the engine reads the error queue. */
+                    b->sock_error = 1;
+                    continue;
                 }
                 b->sent += done;
                 b->err = s;
@@ -723,7 +725,7 @@ static int bulk_batch(bulk_t *b, uint32_t r, double now, uint32_t *ackreq) {
 /* Run the steady state until something needs the engine's Python loop (b->stop says
  * what). Returns b->stop. */
 int fp_bulk(bulk_t *b) {
-    b->stop = b->r = b->j = b->part = b->ack_lost = 0;
+    b->stop = b->r = b->j = b->part = b->ack_lost = b->sock_error = 0;
     b->rx_taken = b->acks_tx = b->acks_rx = b->sealed = b->sent = 0;
     b->acked = 0;
     b->err = 0;
@@ -746,6 +748,10 @@ int fp_bulk(bulk_t *b) {
                 b->stop = BULK_TX_ERROR;
                 break;
             }
+            if (b->sock_error) {
+                b->stop = BULK_SOCKET_ERROR;
+                break;
+            }
             if (!b->k_left) {
                 b->stop = BULK_TX_DONE; /* the LAST is the queue pair's to build */
                 break;
@@ -753,12 +759,13 @@ int fp_bulk(bulk_t *b) {
         }
         int got = 0;
         for (uint32_t f = 0; f < nf && !b->stop; f++) {
-            int r;
-            do {
-                r = fp_recv_batch(b->fds[f], (uint8_t *)(uintptr_t)b->rxbuf, b->slot, b->nslots,
-                                  (uint32_t *)(uintptr_t)b->lens, (uint32_t *)(uintptr_t)b->segs,
-                                  (uint32_t *)(uintptr_t)b->addrs, (uint32_t *)(uintptr_t)b->ports);
-            } while (r == -ECONNREFUSED); /* an ICMP error queued on the socket: read on */
+            /* A socket error (an ICMP message, IP_RECVERR) comes back as -errno once: the
+             * engine reads the error queue and calls again. */
+            int r = fp_recv_batch(b->fds[f], (uint8_t *)(uintptr_t)b->rxbuf, b->slot,
+                                  b->nslots, (uint32_t *)(uintptr_t)b->lens,
+                                  (uint32_t *)(uintptr_t)b->segs,
+                                  (uint32_t *)(uintptr_t)b->addrs,
+                                  (uint32_t *)(uintptr_t)b->ports);
             if (r < 0) {
                 b->err = r;
                 b->stop = BULK_RX_ERROR;
@@ -812,6 +819,11 @@ int fp_bulk(bulk_t *b) {
             b->stop = BULK_WAKE;
             break;
         }
+        for (uint32_t f = 0; n > 0 && f < nf; f++)
+            if (p[f].revents & POLLERR)
+                b->stop = BULK_SOCKET_ERROR; /* queued until the engine reads it */
+        if (b->stop)
+            break;
     }
     return (int)b->stop;
 }
@@ -823,7 +835,8 @@ uint32_t fp_bulk_size(void) { return (uint32_t)sizeof(bulk_t); }
  * up to spin_ns nanoseconds (the answer a caller waits for is often a few microseconds
  * away, and a sleep costs a wake-up on both sides), then poll() for up to timeout_ms.
  * Here, not in Python: the spin must not hold the GIL the process's other threads need.
- * Returns a bit mask of the readable fds (n <= 32), 0 on a timeout, -errno on an error. */
+ * Returns a bit mask of the readable fds (n <= 32), with bit 32 set where one has an error
+ * queued (POLLERR), 0 on a timeout, -errno on an error. */
 int64_t fp_wait(const int32_t *fds, uint32_t n, uint64_t spin_ns, int32_t timeout_ms) {
     struct pollfd p[32];
     if (n > 32)
@@ -852,8 +865,11 @@ int64_t fp_wait(const int32_t *fds, uint32_t n, uint64_t spin_ns, int32_t timeou
     if (got < 0)
         return errno == EINTR ? 0 : -errno;
     int64_t mask = 0;
-    for (uint32_t i = 0; i < n; i++)
+    for (uint32_t i = 0; i < n; i++) {
         if (p[i].revents)
             mask |= (int64_t)1 << i;
+        if (p[i].revents & POLLERR)
+            mask |= (int64_t)1 << 32;
+    }
     return mask;
 }

@@ -84,14 +84,15 @@ class Bulk(ctypes.Structure):
         ("acked", _u32), ("acked_psn", _u32), ("pad1", _u32),
         ("last_progress", ctypes.c_double),
         ("stop", _u32), ("r", _u32), ("j", _u32), ("part", _u32), ("ack_lost", _u32),
-        ("pad2", _u32),
+        ("sock_error", _u32),
         ("rx_taken", _u64), ("acks_tx", _u64), ("acks_rx", _u64), ("err", ctypes.c_int64),
     ]
 
 
 BULK_FDS = 16
-BULK_WAKE, BULK_TIMER, BULK_BATCH, BULK_TX_DONE, BULK_ACKED, BULK_RX_ERROR, BULK_TX_ERROR = \
-    range(1, 8)
+SOCKET_ERROR_BIT = 1 << 32  # fp_wait: a socket has an error queued
+(BULK_WAKE, BULK_TIMER, BULK_BATCH, BULK_TX_DONE, BULK_ACKED, BULK_RX_ERROR, BULK_TX_ERROR,
+ BULK_SOCKET_ERROR) = range(1, 9)
 
 
 class Fastpath:

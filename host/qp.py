@@ -42,6 +42,7 @@ from fpgaccl.errors import RemoteAccessError
 from fpgaccl.proto.drops import DropReason
 from fpgaccl.proto.opcodes import (
     ACK_CREDIT_DUPLICATE,
+    ACK_CREDIT_PEER_DEAD,
     ACK_CREDIT_REORDERING,
     AETH_OPCODES,
     LAST_OPCODES,
@@ -379,6 +380,7 @@ class QueuePair:
         # When the peer last sent anything that passed the checks (Receiver.packet and
         # the C paths): a peer heard from lately needs no probe, and answered any.
         self.heard_at = 0.0
+        self.closed_at = 0.0  # when an ICMP port unreachable came for the peer's address
         self.error: BaseException | None = None
         # Recovery (proto/reliability.py). ``selective``: the peer holds early packets (a
         # software engine; set at rendezvous), so a NAK resends the NAKed packet alone and,
@@ -793,6 +795,8 @@ class QueuePair:
                 self._arrived_twice(msn, now)
             elif code == ACK_CREDIT_REORDERING and self.selective and msn is not None:
                 self._noticed(msn * 1e-6, now)
+            elif code == ACK_CREDIT_PEER_DEAD and self.selective and msn is not None:
+                self.engine.peer_reported_dead(self, msn)
         else:
             # RNR NAK (this engine never asks for a receive to be posted first) or the
             # reserved kind: no action, as in the HDL requester, but counted.

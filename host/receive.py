@@ -6,7 +6,6 @@ C loop) waits and moves a large transfer's steady state on its own."""
 from __future__ import annotations
 
 import ctypes
-import errno
 import os
 import socket
 import time
@@ -20,7 +19,7 @@ from fpgaccl.proto.opcodes import SUPPORTED_OPCODES, Opcode
 
 from . import native, wire
 from .qp import _MIDDLE, _WRITES, QueuePair
-from .udp import GRO_CMSG_SPACE, GRO_SIZE, SOL_UDP, UDP_GRO, Udp
+from .udp import GRO_CMSG_SPACE, GRO_SIZE, SOL_UDP, UDP_GRO, Udp, socket_error
 
 _HEADERS_LEN = wire.HEADERS_LEN
 _RX_SLOTS = 32  # datagrams (or GRO runs) per recvmmsg with the C path: 2 MiB of buffer
@@ -85,7 +84,8 @@ class Receiver:
             except BlockingIOError:
                 break
             except OSError as e:
-                if e.errno == errno.ECONNREFUSED:
+                if socket_error(e.errno):  # reported once; details on the error queue
+                    self.udp.errors_pending = True
                     continue
                 raise
             got = True
@@ -123,8 +123,9 @@ class Receiver:
         while True:
             r = self.fastpath.recv_batch(fd, self._rxaddr, native.SLOT_BYTES,
                                          _RX_SLOTS, lens_a, segs_a, addrs_a, ports_a)
-            if r != -errno.ECONNREFUSED:  # an ICMP error queued on the socket: read on
+            if r >= 0 or not socket_error(-r):
                 break
+            self.udp.errors_pending = True  # reported once; details on the error queue
         if r < 0:
             raise OSError(-r, os.strerror(-r))
         if r == 0:
@@ -322,5 +323,9 @@ class Receiver:
         if stop == native.BULK_BATCH:
             self._dispatch(b.r, b.j, b.part, time.monotonic())
         elif stop == native.BULK_RX_ERROR:
-            raise OSError(-b.err, os.strerror(-b.err))
+            if not socket_error(-b.err):
+                raise OSError(-b.err, os.strerror(-b.err))
+            self.udp.errors_pending = True
+        elif stop == native.BULK_SOCKET_ERROR:
+            self.udp.errors_pending = True
         return stop

@@ -21,6 +21,7 @@ import socket
 import struct
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from fpgaccl.errors import InvalidArgumentError, TransportError
@@ -47,6 +48,36 @@ SO_SNDBUFFORCE, SO_RCVBUFFORCE = 32, 33  # <asm-generic/socket.h>; not in Python
 BUFFER_HEADROOM = 0.85
 """Share of a receive buffer the send windows may fill: the rest is for ACKs and credits."""
 _GONE = (errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH)
+IP_RECVERR = getattr(socket, "IP_RECVERR", 11)  # <linux/in.h>
+SO_EE_ORIGIN_ICMP = 2  # <linux/errqueue.h>
+_EXTENDED_ERR = struct.Struct("=IBBBBII")  # struct sock_extended_err's head
+_FATAL_RX = frozenset({errno.EBADF, errno.EFAULT, errno.EINVAL, errno.ENOTSOCK, errno.ENOMEM})
+"""What a receive on a UDP socket fails with for a fault of ours. Any other error is a
+socket error the kernel reports once (an ICMP message, with IP_RECVERR), and the details
+are on the socket's error queue (:meth:`Udp.read_errors`)."""
+
+
+def socket_error(err: int) -> bool:
+    """Whether a receive's ``err`` (an errno) is a reported socket error, not a fault."""
+    return err not in _FATAL_RX
+
+
+@dataclass(frozen=True)
+class SocketError:
+    """An error the kernel queued on a socket: an ICMP message about a datagram we sent
+    (``icmp``, with its ``type`` and ``code``) or a local one. ``dst``: where that
+    datagram was going."""
+
+    dst: tuple[str, int]
+    errno: int
+    icmp: bool
+    type: int
+    code: int
+
+    @property
+    def port_closed(self) -> bool:
+        """ICMP port unreachable: nothing listens at ``dst`` (its process is gone)."""
+        return self.icmp and self.errno == errno.ECONNREFUSED
 _NO_SEGMENTING = (errno.EIO, errno.EINVAL, errno.EOPNOTSUPP, errno.EMSGSIZE)
 
 
@@ -117,6 +148,9 @@ class Udp:
         self.rcvbuf = self.sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
         # DF + id 0: the IPv4 header the kernel writes is the one our ICRC covers.
         self.sock.setsockopt(socket.IPPROTO_IP, 10, 2)  # IP_MTU_DISCOVER = IP_PMTUDISC_DO
+        # ICMP errors for datagrams sent from an unconnected socket are reported only
+        # with IP_RECVERR: a port unreachable says that a peer's process is gone.
+        self.sock.setsockopt(socket.IPPROTO_IP, IP_RECVERR, 1)
         try:
             self.sock.bind((bind_ip, port))
         except OSError as e:
@@ -136,6 +170,8 @@ class Udp:
         self.rx_ready: select.poll | None = None  # with sockets per peer
         self.rx_by_fd: dict[int, socket.socket] = {}
         self._sockaddrs: dict[tuple[str, int], native.SockaddrIn] = {}
+        self.errors: list[SocketError] = []  # read off the error queues, for the engine
+        self.errors_pending = False  # a socket call or a poll said an error is queued
 
     def open_peer_sockets(self, peers: list[tuple[str, int]]) -> None:
         """A socket for each of ``peers`` on this engine's address, connected to the
@@ -158,6 +194,7 @@ class Udp:
                 sock.bind(self.addr)
                 sock.connect(addr)
                 sock.setblocking(False)
+                sock.setsockopt(socket.IPPROTO_IP, IP_RECVERR, 1)
                 if self.gro:
                     sock.setsockopt(SOL_UDP, UDP_GRO, 1)
         except OSError:
@@ -177,6 +214,24 @@ class Udp:
     def close(self) -> None:
         for sock in self.rx_socks:  # the shared socket first
             sock.close()
+
+    def read_errors(self) -> None:
+        """Move what the kernel queued on the sockets' error queues to :attr:`errors`.
+        A queued error keeps poll reporting POLLERR until it is read."""
+        self.errors_pending = False
+        for sock in self.rx_socks:
+            for _ in range(1024):
+                try:
+                    _, anc, _, dst = sock.recvmsg(0, 256, socket.MSG_ERRQUEUE)
+                except (BlockingIOError, InterruptedError):
+                    break
+                for level, kind, data in anc:
+                    if level == socket.IPPROTO_IP and kind == IP_RECVERR:
+                        err, origin, typ, code, _, _, _ = _EXTENDED_ERR.unpack_from(data)
+                        self.errors.append(SocketError(tuple(dst), err,
+                                                       origin == SO_EE_ORIGIN_ICMP, typ,
+                                                       code))
+                        self.stats["socket_errors"] += 1
 
     def transmit(self, parts: tuple, addr: tuple[str, int]) -> None:
         if self._tap is not None:
@@ -278,7 +333,10 @@ class Udp:
                 select.select([], [self.sock], [], 0.01)
             except OSError as e:
                 if e.errno in _GONE:
-                    return  # the peer is gone; its timeout will surface
+                    # Another datagram's ICMP error, reported once (IP_RECVERR): this
+                    # one did not go. Its details wait on the error queue.
+                    self.errors_pending = True
+                    continue
                 if count > 1 and e.errno in _NO_SEGMENTING:
                     self._cannot_segment()
                     self._sendmsg_each(parts, addr, seg)
@@ -312,7 +370,8 @@ class Udp:
             if r < 0:
                 err = -r
                 if err in _GONE:
-                    return  # the peer is gone; its timeout will surface
+                    self.errors_pending = True  # as in _sendmsg: send again
+                    continue
                 if per > 1 and err in _NO_SEGMENTING:
                     self._cannot_segment()
                     continue

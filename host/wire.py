@@ -24,6 +24,7 @@ from fpgaccl.proto.icrc import VARIANT_MASK
 from fpgaccl.proto.opcodes import (
     ACK_CREDIT_DUPLICATE,
     ACK_CREDIT_INVALID,
+    ACK_CREDIT_PEER_DEAD,
     ACK_CREDIT_REORDERING,
     AETH_OPCODES,
     IMMDT_OPCODES,
@@ -98,6 +99,7 @@ STEP_MAX = RING_STEP_P2P - 1
 ACK_SYNDROME = aeth_syndrome(AethKind.ACK, ACK_CREDIT_INVALID)
 DUPLICATE_SYNDROME = aeth_syndrome(AethKind.ACK, ACK_CREDIT_DUPLICATE)
 REORDERING_SYNDROME = aeth_syndrome(AethKind.ACK, ACK_CREDIT_REORDERING)
+PEER_DEAD_SYNDROME = aeth_syndrome(AethKind.ACK, ACK_CREDIT_PEER_DEAD)
 
 
 def ip_to_int(addr: str) -> int:

@@ -98,6 +98,12 @@ ACK_CREDIT_REORDERING = 0b11101
 the engine it is sent to should hold back each hole report to the sender."""
 
 
+ACK_CREDIT_PEER_DEAD = 0b11100
+"""Credit field of a *dead-peer notice*, an ACK between two software engines only
+(proto/reliability.py): cumulative as any ACK, its MSN carries the rank the sender found
+dead; the engine it is sent to fails its calls naming that rank."""
+
+
 def aeth_syndrome(kind: AethKind, value: int) -> int:
     return (int(kind) << 5) | (value & 0x1F)
 

@@ -49,6 +49,14 @@ than the window, which the requester resends at once. Where few of the held-back
 fill before their report, the holes were lost, not late: the responder reports at once
 again and ignores notices for a while. Software engines only, as above.
 
+An engine that finds a peer dead (its peer timeout, its retry limit, or an ICMP port
+unreachable for the peer's address) tells each of its other software peers at once: a
+*dead-peer notice* is an ACK (cumulative, as any ACK) whose credit field is
+``opcodes.ACK_CREDIT_PEER_DEAD`` and whose MSN field carries the dead rank. The engine it
+is sent to fails the same way, naming that rank. Without it, a rank that exits on the
+error is what the ranks still waiting find dead next, and they name it instead. A notice
+is not passed on, and a lost one costs only the name.
+
 A requester talking to a holding responder resends, on a NAK (or a first timer expiry),
 the oldest packet alone and, if the ACKs then stop exactly at the first packet the
 responder could not hold (toward a software responder: the first :func:`hold_packets`

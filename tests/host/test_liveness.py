@@ -4,6 +4,7 @@ failed, however long its call; a timeout names the ranks it waits on."""
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import socket
@@ -22,6 +23,7 @@ from fpgaccl.errors import (
 )
 from fpgaccl.host import wire
 from fpgaccl.host.engine import PEER_TIMEOUT_S, Engine
+from fpgaccl.host.udp import SocketError
 from fpgaccl.proto.drops import DropReason
 from fpgaccl.proto.opcodes import Opcode
 
@@ -39,13 +41,12 @@ def _killed(comm, victim: int, stamp: str) -> tuple:
         time.sleep(0.02)
         Path(stamp).write_text(repr(time.time()))
         os.kill(os.getpid(), signal.SIGKILL)
-    t0 = time.time()
     try:
         comm.allreduce(x)
     except CollectiveTimeoutError as e:
         return (type(e).__name__, isinstance(e, TransportError), getattr(e, "peer", None),
-                getattr(e, "ranks", None), time.time(), time.time() - t0)
-    return ("completed", False, None, None, time.time(), time.time() - t0)
+                getattr(e, "ranks", None), time.time(), str(e))
+    return ("completed", False, None, None, time.time(), "")
 
 
 def test_a_killed_rank_is_named_by_every_other_rank_within_the_peer_timeout() -> None:
@@ -57,11 +58,16 @@ def test_a_killed_rank_is_named_by_every_other_rank_within_the_peer_timeout() ->
     for r in (0, 1, 3):
         status, v = res[r]
         assert status == "ok", res
-        name, transport, peer, ranks, at, _ = v
-        # The deadline (60 s) never came into it: the transport found the peer dead.
+        name, transport, peer, ranks, at, why = v
+        # The deadline (60 s) never came into it: the transport found the peer dead. Every
+        # rank names rank 2, even where a rank that had found it first and exited
+        # closed its own port meanwhile (the dead-peer notice).
         assert (name, transport, peer, ranks) == ("PeerDeadError", True, 2, [2]), (r, v)
         assert at - killed_at < 2.5, f"rank {r} took {at - killed_at:.2f} s"
-        print(f"rank {r}: PeerDeadError naming rank 2 {at - killed_at:.2f} s after the kill")
+        print(f"rank {r}: PeerDeadError naming rank 2 {at - killed_at:.2f} s after the kill: "
+              f"{why}")
+    # The killed rank's host answered port unreachable: faster than the peer timeout.
+    assert any("port unreachable" in res[r][1][5] for r in (0, 1, 3)), res
 
 
 def _late(comm, late: int, deadline: float) -> tuple:
@@ -125,9 +131,10 @@ def _silent_peer(retry_limit: int | None, peer_timeout_s: float | None) -> tuple
     return eng, sink
 
 
-def _send_and_wait(eng: Engine, deadline_s: float) -> tuple[BaseException | None, float]:
+def _send_and_wait(eng: Engine, deadline_s: float,
+                   peer: int = 1) -> tuple[BaseException | None, float]:
     def program():
-        yield eng.send(1, 1, 0, memoryview(bytes(100)))
+        yield eng.send(peer, 1, 0, memoryview(bytes(100)))
 
     t0 = time.monotonic()
     job = eng.submit("send", program(), deadline_s, ordered=False)
@@ -161,6 +168,84 @@ def test_the_peer_timeout_fails_a_peer_that_stops_acking() -> None:
         assert isinstance(again, PeerDeadError) and again.peer == 1, again
     finally:
         eng.stop()
+        sink.close()
+
+
+def test_a_peer_whose_port_is_closed_is_dead_in_a_round_trip() -> None:
+    # A killed rank's host answers port unreachable: no waiting out the peer timeout.
+    eng, sink = _silent_peer(retry_limit=None, peer_timeout_s=5.0)
+    sink.close()
+    try:
+        eng.start()
+        err, took = _send_and_wait(eng, deadline_s=30.0)
+        assert isinstance(err, PeerDeadError) and err.peer == 1, err
+        assert "port unreachable" in str(err), err
+        assert took < 2.5, took  # a probe interval (1 s) at most, not the peer timeout
+        assert eng.stats["port_unreachable"] >= 1
+    finally:
+        eng.stop()
+
+
+def test_a_closed_port_fails_only_a_peer_that_owes_something_and_stays_silent() -> None:
+    eng, sink = _silent_peer(retry_limit=None, peer_timeout_s=1.0)  # probe interval 0.2 s
+    try:
+        qp = eng.by_peer[1]
+
+        def closed(now: float) -> None:
+            eng.udp.errors.append(SocketError(qp.addr, errno.ECONNREFUSED, True, 3, 3))
+            eng._socket_errors(now)
+
+        closed(1.0)  # it owes nothing: noted, not judged
+        assert qp.error is None and qp.closed_at == 1.0
+        assert eng.stats["port_unreachable"] == 1
+        qp.heard(2.0)  # then it spoke: that port belonged to someone before it
+        qp.probed = 2.5
+        eng.check_liveness(3.0)
+        assert qp.error is None
+        qp.heard(3.0)
+        closed(3.05)  # forged, say: the peer spoke 50 ms ago, which no ICMP undoes
+        assert qp.error is None
+        qp.probed = 3.05  # a call waits on it
+        eng.check_liveness(3.1)
+        assert qp.error is None
+        eng.check_liveness(3.25)  # silent a probe interval since: its process is gone
+        assert isinstance(qp.error, PeerDeadError) and "port unreachable" in str(qp.error)
+        other = ("127.77.41.9", 4791)  # no peer's address: counted, nothing else
+        eng.udp.errors.append(SocketError(other, errno.EHOSTUNREACH, True, 3, 1))
+        eng._socket_errors(5.0)
+        assert eng.stats["socket_errors_other"] == 1
+    finally:
+        eng.stop()
+        sink.close()
+
+
+def test_a_rank_that_finds_a_peer_dead_tells_the_others_which() -> None:
+    # Engines 0 and 1 talk to each other and each to rank 2, a socket that never answers.
+    a = Engine(0, "127.77.42.1", peer_timeout_s=20.0)
+    b = Engine(1, "127.77.42.2", peer_timeout_s=20.0)
+    sink = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sink.bind(("127.77.42.3", wire.ROCEV2_UDP_PORT))
+    try:
+        qa, qb = a.create_qp(1), b.create_qp(0)
+        for eng, qp, other, q in ((a, qa, b, qb), (b, qb, a, qa)):
+            qp.connect(remote_qpn=q.qpn, addr=other.addr, local_ip=eng.addr[0],
+                       send_psn=5 if eng is a else 9, recv_psn=9 if eng is a else 5,
+                       remote_va=q.ring.va, remote_rkey=q.ring.rkey)
+            qp.selective = True  # software peers, as the rendezvous says
+            eng.create_qp(2).connect(remote_qpn=0x4242, addr=sink.getsockname(),
+                                     local_ip=eng.addr[0], send_psn=1, recv_psn=1,
+                                     remote_va=0, remote_rkey=0)
+        a.start()
+        b.start()
+        a.peer_dead(a.by_peer[2], "a test said so")  # as the peer timeout would
+        err, took = _send_and_wait(b, deadline_s=30.0, peer=2)  # b waits on rank 2 too
+        assert isinstance(err, PeerDeadError) and err.peer == 2, err
+        assert "rank 0 found it dead" in str(err), err
+        assert took < 2.0 and b.stats["dead_notices_rx"] == 1, (took, b.stats)
+        assert a.stats["dead_notices"] == 1  # to rank 1 only: not to the dead one
+    finally:
+        a.stop()
+        b.stop()
         sink.close()
 
 
