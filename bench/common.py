@@ -8,8 +8,10 @@ import datetime
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -39,3 +41,26 @@ def write_results(bench: str, results: Any, **extra: Any) -> Path:
     path = RESULTS / f"{bench}.json"
     path.write_text(json.dumps({**provenance(), **extra, "results": results}, indent=2) + "\n")
     return path
+
+
+class Checkout:
+    """Another revision's fpgaccl, importable from ``path`` (PYTHONPATH): a worktree and a
+    package folder of links laid out as pyproject's package-dir maps it."""
+
+    def __init__(self, rev: str) -> None:
+        self.tmp = Path(tempfile.mkdtemp(prefix="bench-rev-"))
+        self.src = self.tmp / "src"
+        subprocess.run(["git", "worktree", "add", "--detach", str(self.src), rev], cwd=REPO,
+                       check=True, capture_output=True)
+        pkg = self.tmp / "pkg" / "fpgaccl"
+        pkg.mkdir(parents=True)
+        for f in (self.src / "api").iterdir():
+            (pkg / f.name).symlink_to(f)
+        for sub in ("proto", "hw", "sim", "host", "boards"):
+            (pkg / sub).symlink_to(self.src / sub)
+        self.path = str(self.tmp / "pkg")
+
+    def close(self) -> None:
+        subprocess.run(["git", "worktree", "remove", "--force", str(self.src)], cwd=REPO,
+                       capture_output=True)
+        shutil.rmtree(self.tmp, ignore_errors=True)

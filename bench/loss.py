@@ -30,7 +30,6 @@ import argparse
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -38,7 +37,7 @@ import tempfile
 import uuid
 from pathlib import Path
 
-from common import REPO, write_results
+from common import Checkout, write_results
 
 WORLD = 4
 MTU = 1024  # the veths' 1500-byte MTU holds a 1024-byte RoCEv2 payload
@@ -291,29 +290,6 @@ def run_case(bed: Bed, name: str, delay_ms: float, init: str = "",
     if relay is not None:
         row["delayed"] = delayed
     return row
-
-
-class Checkout:
-    """Another revision's fpgaccl, importable from ``path`` (PYTHONPATH): a worktree and a
-    package folder of links laid out as pyproject's package-dir maps it."""
-
-    def __init__(self, rev: str) -> None:
-        self.tmp = Path(tempfile.mkdtemp(prefix="loss-rev-"))
-        self.src = self.tmp / "src"
-        subprocess.run(["git", "worktree", "add", "--detach", str(self.src), rev], cwd=REPO,
-                       check=True, capture_output=True)
-        pkg = self.tmp / "pkg" / "fpgaccl"
-        pkg.mkdir(parents=True)
-        for f in (self.src / "api").iterdir():
-            (pkg / f.name).symlink_to(f)
-        for sub in ("proto", "hw", "sim", "host", "boards"):
-            (pkg / sub).symlink_to(self.src / sub)
-        self.path = str(self.tmp / "pkg")
-
-    def close(self) -> None:
-        subprocess.run(["git", "worktree", "remove", "--force", str(self.src)], cwd=REPO,
-                       capture_output=True)
-        shutil.rmtree(self.tmp, ignore_errors=True)
 
 
 def main() -> None:
