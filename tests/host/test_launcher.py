@@ -49,6 +49,21 @@ def test_run_spawns_ranks_and_init_finds_them(tmp_path: Path) -> None:
     assert "anyone who reaches" not in res.stderr  # the launcher gave the ranks a secret
 
 
+def test_the_readmes_run_line_works_from_a_shell_without_the_environment(
+        tmp_path: Path) -> None:
+    # `./fpgaccl run -n 2 -- python script.py` where PATH knows no .venv: the ranks' python
+    # must still be the one fpgaccl is installed in.
+    script = tmp_path / "job.py"
+    script.write_text(SCRIPT)
+    env = {k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV"}
+    env["PATH"] = "/usr/local/bin:/usr/bin:/bin"
+    wrapper = Path(__file__).resolve().parents[2] / "fpgaccl"
+    res = subprocess.run([str(wrapper), "run", "-n", "2", "--", "python", str(script)],
+                         env=env, text=True, capture_output=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert sorted(re.findall(r"rank (\d+) of 2 ok", res.stdout)) == ["0", "1"], res.stdout
+
+
 def test_run_reports_a_failing_rank(tmp_path: Path) -> None:
     script = tmp_path / "fail.py"
     script.write_text("import os, sys\nsys.exit(3 if os.environ['FPGACCL_RANK'] == '1' else 0)\n")
