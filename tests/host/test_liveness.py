@@ -11,6 +11,7 @@ import socket
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -119,10 +120,11 @@ def test_a_slow_peer_that_keeps_moving_never_times_out() -> None:
     print(f"slow allreduce: {max(t for _, _, t in res):.2f} s with a {deadline} s deadline")
 
 
-def _silent_peer(retry_limit: int | None, peer_timeout_s: float | None) -> tuple:
+def _silent_peer(retry_limit: int | None, peer_timeout_s: float | None, **engine: Any
+                 ) -> tuple:
     """An engine whose one peer is a socket that takes everything and ACKs nothing."""
     eng = Engine(0, "127.77.41.1", rto_s=0.01, retry_limit=retry_limit,
-                 peer_timeout_s=peer_timeout_s)
+                 peer_timeout_s=peer_timeout_s, **engine)
     qp = eng.create_qp(1)
     sink = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     sink.bind(("127.77.41.2", wire.ROCEV2_UDP_PORT))
@@ -295,15 +297,11 @@ def test_a_peer_heard_from_lately_is_not_probed_and_hearing_answers_a_probe() ->
 def test_a_datagram_from_the_peer_answers_its_probe(native_path) -> None:
     # The receive path tells the queue pair it heard from its peer (here an ACK of what
     # was last ACKed, the answer to a probe); a stranger's datagram does not.
-    eng = Engine(0, "127.77.41.1", rto_s=0.01, peer_timeout_s=1.25, native_path=native_path)
-    qp = eng.create_qp(1)
-    peer = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    peer.bind(("127.77.41.2", wire.ROCEV2_UDP_PORT))
+    eng, peer = _silent_peer(retry_limit=None, peer_timeout_s=1.25, native_path=native_path)
+    qp = eng.by_peer[1]
     stranger = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     stranger.bind(("127.77.41.3", wire.ROCEV2_UDP_PORT))
     try:
-        qp.connect(remote_qpn=0x4242, addr=peer.getsockname(), local_ip=eng.addr[0],
-                   send_psn=10, recv_psn=100, remote_va=0, remote_rkey=0)
         body = wire.AETH_FMT.pack(wire.ACK_SYNDROME << wire.SYNDROME_SHIFT)
         qp.probed = 5.0
         for sock in (stranger, peer):
