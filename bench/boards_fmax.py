@@ -162,10 +162,12 @@ def partial(args) -> int:
     if (args.partial / "top.json").exists():
         text, depth_rows = logic_depth(args.partial)
         print(f"\nlogic depth per block (estimate from the netlist, {DEPTH_NOTE}):\n{text}")
-    # How far the router got: its last progress line (router2: overused wires left).
+    # How far the router got: its last progress line (router2: overused wires left;
+    # router1: a table row whose 'remaining arcs' column is the measure).
     tim = (args.partial / "top.tim").read_text()
     routing = [ln.removeprefix("Info:").strip() for ln in tim.splitlines()
-               if re.match(r"Info:\s+iter=\d+ ", ln) or "Routing globals" in ln]
+               if re.match(r"Info:\s+iter=\d+ ", ln) or re.match(r"Info:\s+\d+ \|", ln)
+               or "Routing globals" in ln]
     if routing:
         print(f"\nrouter: {routing[-1]}")
     record = {
