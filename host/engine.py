@@ -38,7 +38,7 @@ from .jobs import SEQUENCE_POLL_S, Job, Jobs, Latch, Program
 from .matching import Matcher
 from .qp import Completion, MemoryRegion, Message, QueuePair, RowPool
 from .receive import Receiver
-from .udp import SOCKET_BUFFER_BYTES, Udp, packets_that_fit
+from .udp import SOCKET_BUFFER_BYTES, SocketError, Udp, packets_that_fit
 
 VALID_MTUS = (256, 512, 1024, 2048, 4096, 9000)
 JUMBO_PAYLOAD = 8192
@@ -433,24 +433,24 @@ class Engine:
         if qp is not None and qp is not by:
             self.peer_dead(qp, f"rank {by.peer} found it dead", notify=False)
 
-    def _socket_errors(self, now: float) -> None:
-        """Read what the kernel queued on the sockets. An ICMP port unreachable for a
-        peer's address says its process is gone (its socket closed): a killed rank on a
-        live host is found in one probe interval, not a peer timeout (check_liveness).
-        Counted under ``port_unreachable`` (else ``socket_errors_other``); other errors
-        are left to the timers."""
-        self.udp.read_errors()
-        errors, self.udp.errors = self.udp.errors, []
+    def socket_errors(self, errors: list[SocketError], now: float) -> None:
+        """What the kernel queued on the sockets (:meth:`Udp.read_errors`). An ICMP port
+        unreachable for a peer's address says its process is gone (its socket closed): a
+        killed rank on a live host is found in one probe interval, not a peer timeout
+        (check_liveness). Counted under ``port_unreachable`` (else
+        ``socket_errors_other``); other errors are left to the timers."""
+        closed = False
         for e in errors:
             if not e.port_closed:
                 self.stats["socket_errors_other"] += 1
                 continue
             self.stats["port_unreachable"] += 1
+            closed = True
             for qp in self.by_peer.values():
                 if qp.addr == e.dst:
                     qp.closed_at = now
-            if self.peer_timeout_s is not None:
-                self.check_liveness(now)
+        if closed:
+            self.check_liveness(now)
 
     def check_liveness(self, now: float) -> None:
         """Fail the queue pair of a peer that has owed an ACK for ``peer_timeout_s``, or
@@ -561,8 +561,8 @@ class Engine:
         else:
             busy = self.receiver.receive()
         now = time.monotonic()
-        if self.udp.errors_pending or self.udp.errors:
-            self._socket_errors(now)
+        if self.udp.errors_pending:
+            self.socket_errors(self.udp.read_errors(), now)
         if now - self._turn_at > STALL_S:
             self._live_at = now + STALL_S  # our own stall is no peer's silence
         self._turn_at = now

@@ -48,6 +48,7 @@ SO_SNDBUFFORCE, SO_RCVBUFFORCE = 32, 33  # <asm-generic/socket.h>; not in Python
 BUFFER_HEADROOM = 0.85
 """Share of a receive buffer the send windows may fill: the rest is for ACKs and credits."""
 _GONE = (errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH)
+_NO_SEGMENTING = (errno.EIO, errno.EINVAL, errno.EOPNOTSUPP, errno.EMSGSIZE)
 IP_RECVERR = getattr(socket, "IP_RECVERR", 11)  # <linux/in.h>
 SO_EE_ORIGIN_ICMP = 2  # <linux/errqueue.h>
 _EXTENDED_ERR = struct.Struct("=IBBBBII")  # struct sock_extended_err's head
@@ -78,7 +79,6 @@ class SocketError:
     def port_closed(self) -> bool:
         """ICMP port unreachable: nothing listens at ``dst`` (its process is gone)."""
         return self.icmp and self.errno == errno.ECONNREFUSED
-_NO_SEGMENTING = (errno.EIO, errno.EINVAL, errno.EOPNOTSUPP, errno.EMSGSIZE)
 
 
 def packet_charge(payload: int, coalesced: bool) -> int:
@@ -170,7 +170,6 @@ class Udp:
         self.rx_ready: select.poll | None = None  # with sockets per peer
         self.rx_by_fd: dict[int, socket.socket] = {}
         self._sockaddrs: dict[tuple[str, int], native.SockaddrIn] = {}
-        self.errors: list[SocketError] = []  # read off the error queues, for the engine
         self.errors_pending = False  # a socket call or a poll said an error is queued
 
     def open_peer_sockets(self, peers: list[tuple[str, int]]) -> None:
@@ -215,10 +214,11 @@ class Udp:
         for sock in self.rx_socks:  # the shared socket first
             sock.close()
 
-    def read_errors(self) -> None:
-        """Move what the kernel queued on the sockets' error queues to :attr:`errors`.
-        A queued error keeps poll reporting POLLERR until it is read."""
+    def read_errors(self) -> list[SocketError]:
+        """What the kernel queued on the sockets' error queues. A queued error keeps poll
+        reporting POLLERR until it is read."""
         self.errors_pending = False
+        errors: list[SocketError] = []
         for sock in self.rx_socks:
             for _ in range(1024):
                 try:
@@ -228,10 +228,10 @@ class Udp:
                 for level, kind, data in anc:
                     if level == socket.IPPROTO_IP and kind == IP_RECVERR:
                         err, origin, typ, code, _, _, _ = _EXTENDED_ERR.unpack_from(data)
-                        self.errors.append(SocketError(tuple(dst), err,
-                                                       origin == SO_EE_ORIGIN_ICMP, typ,
-                                                       code))
+                        errors.append(SocketError(tuple(dst), err, origin == SO_EE_ORIGIN_ICMP,
+                                                  typ, code))
                         self.stats["socket_errors"] += 1
+        return errors
 
     def transmit(self, parts: tuple, addr: tuple[str, int]) -> None:
         if self._tap is not None:

@@ -194,8 +194,7 @@ def test_a_closed_port_fails_only_a_peer_that_owes_something_and_stays_silent() 
         qp = eng.by_peer[1]
 
         def closed(now: float) -> None:
-            eng.udp.errors.append(SocketError(qp.addr, errno.ECONNREFUSED, True, 3, 3))
-            eng._socket_errors(now)
+            eng.socket_errors([SocketError(qp.addr, errno.ECONNREFUSED, True, 3, 3)], now)
 
         closed(1.0)  # it owes nothing: noted, not judged
         assert qp.error is None and qp.closed_at == 1.0
@@ -213,8 +212,7 @@ def test_a_closed_port_fails_only_a_peer_that_owes_something_and_stays_silent() 
         eng.check_liveness(3.25)  # silent a probe interval since: its process is gone
         assert isinstance(qp.error, PeerDeadError) and "port unreachable" in str(qp.error)
         other = ("127.77.41.9", 4791)  # no peer's address: counted, nothing else
-        eng.udp.errors.append(SocketError(other, errno.EHOSTUNREACH, True, 3, 1))
-        eng._socket_errors(5.0)
+        eng.socket_errors([SocketError(other, errno.EHOSTUNREACH, True, 3, 1)], 5.0)
         assert eng.stats["socket_errors_other"] == 1
     finally:
         eng.stop()

@@ -46,9 +46,9 @@ def test_a_closed_port_is_read_off_the_error_queue_and_costs_no_other_datagram(
             udp.transmit((b"to the living",), live.getsockname())
             assert live.recv(100) == b"to the living"
         assert udp.errors_pending
-        udp.read_errors()
+        errors = udp.read_errors()
         assert not udp.errors_pending
-        assert [(e.dst, e.port_closed) for e in udp.errors] == [(gone, True)], udp.errors
+        assert [(e.dst, e.port_closed) for e in errors] == [(gone, True)], errors
         assert udp.stats["socket_errors"] == 1
         # The queue is empty again: poll no longer reports an error.
         p = select.poll()
@@ -62,7 +62,6 @@ def test_a_closed_port_is_read_off_the_error_queue_and_costs_no_other_datagram(
 def test_with_nothing_sent_to_a_closed_port_no_error_is_queued() -> None:
     udp = _udp("127.61.0.4", False)
     try:
-        udp.read_errors()
-        assert udp.errors == [] and not udp.errors_pending
+        assert udp.read_errors() == [] and not udp.errors_pending
     finally:
         udp.close()
