@@ -276,6 +276,8 @@ def run_case(bed: Bed, name: str, delay_ms: float, init: str = "",
         "resends_deferred": sum(s.get("resends_deferred", 0) for s in st),
         "holes_filled_late": sum(s.get("holes_filled_late", 0) for s in st),
         "holes_reported": sum(s.get("holes_reported", 0) for s in st),
+        # Holding reports (QueuePair._report_held): how far a responder holds past a hole.
+        "held_reports": sum(s.get("held_reports", 0) for s in st),
         # Reordering notices (QueuePair._notify_reordering): sent, and hole reports the
         # peer then held back and those a late packet spared.
         "reordering_notices": sum(s.get("reordering_notices", 0) for s in st),

@@ -42,6 +42,7 @@ from fpgaccl.errors import RemoteAccessError
 from fpgaccl.proto.drops import DropReason
 from fpgaccl.proto.opcodes import (
     ACK_CREDIT_DUPLICATE,
+    ACK_CREDIT_HELD,
     ACK_CREDIT_PEER_DEAD,
     ACK_CREDIT_REORDERING,
     AETH_OPCODES,
@@ -393,6 +394,9 @@ class QueuePair:
         self.cwnd = float("inf")
         self.ssthresh = float("inf")
         self.recover_psn = -1
+        # The farthest PSN a holding peer said it holds (a holding report; -1: none): the
+        # window counts only what lies past it and the holes before it (send_limit).
+        self.held_top = -1
         # The last NAK acted on, and until which PSN a go-back-N resent from it.
         self.nak_psn = -1
         self.nak_at = 0.0
@@ -512,9 +516,25 @@ class QueuePair:
         """AckReq cadence: every half window, so that a small window still gets ACKs."""
         return max(1, self.window() // 2)
 
+    def send_limit(self) -> int:
+        """How many packets may be outstanding: the window, plus those a holding peer
+        reported it holds past the oldest unACKed (a holding report, proto/reliability.py):
+        they have left the network, so a hole stalls nothing for its round trip. Within
+        the engine's window (the responder holds that much)."""
+        window, top = self.window(), self.held_top
+        if top < 0 or not self.inflight:
+            return window
+        oldest = (self.next_psn - self.inflight) & wire.PSN_MASK
+        upto = psn_diff(top, oldest)  # packets before top, the oldest (a hole) among them
+        if not 0 < upto < self.inflight:
+            return window
+        holes = 1 + sum(1 for q in self.hole_at if 0 < psn_diff(q, oldest) < upto)
+        holes += sum(1 for q in self.deferred if 0 < psn_diff(q, oldest) < upto)
+        return min(self.engine.window, window + max(0, upto + 1 - holes))
+
     def pump(self, now: float) -> bool:
         """Send new packets while the window allows; True if anything went out."""
-        window = self.window()
+        window = self.send_limit()
         psn0 = self.next_psn
         burst: list[tuple] = []
         sent = False
@@ -795,12 +815,22 @@ class QueuePair:
                 self._arrived_twice(msn, now)
             elif code == ACK_CREDIT_REORDERING and self.selective and msn is not None:
                 self._noticed(msn * 1e-6, now)
+            elif code == ACK_CREDIT_HELD and self.selective and msn is not None:
+                self._peer_holds(msn)
             elif code == ACK_CREDIT_PEER_DEAD and self.selective and msn is not None:
                 self.engine.peer_reported_dead(self, msn)
         else:
             # RNR NAK (this engine never asks for a receive to be posted first) or the
             # reserved kind: no action, as in the HDL requester, but counted.
             self.engine.stats["ack_ignored"] += 1
+
+    def _peer_holds(self, psn: int) -> None:
+        """A holding report: the peer holds ``psn``, past a hole (send_limit)."""
+        self.engine.stats["held_reports_rx"] += 1
+        oldest = (self.next_psn - self.inflight) & wire.PSN_MASK
+        if 0 < psn_diff(psn, oldest) < self.inflight and (
+                self.held_top < 0 or psn_diff(psn, self.held_top) > 0):
+            self.held_top = psn
 
     def _acked(self, psn: int, now: float, nak: bool = False) -> bool:
         """Retire what an ACK of ``psn`` covers; True if that resent the rest (the
@@ -819,6 +849,8 @@ class QueuePair:
         self.last_progress = self.acked_at = now
         if self.hole_at:
             self.hole_at = {p: t for p, t in self.hole_at.items() if psn_diff(p, psn) > 0}
+        if self.held_top >= 0 and psn_diff(self.held_top, psn) <= 0:
+            self.held_top = -1  # all it held is ACKed
         self.retries = 0
         self.probed = 0.0
         if self.rtt_psn >= 0 and psn_diff(psn, self.rtt_psn) >= 0:
@@ -1359,6 +1391,8 @@ class QueuePair:
             return False
         self.engine.stats["rx_held"] += 1
         self._held_to(psn, d)
+        if ackreq:
+            self._report_held()
         return True
 
     def _held_to(self, psn: int, d: int) -> None:
@@ -1448,6 +1482,15 @@ class QueuePair:
     def reports_due(self) -> float:
         """When the next held-back hole report is due (inf: none)."""
         return min(self.pending_reports.values()) if self.pending_reports else float("inf")
+
+    def _report_held(self) -> None:
+        """An early packet that asked for an ACK is held: tell a selective peer how far
+        this responder holds (a holding report, proto/reliability.py), so that its window
+        does not wait out the hole."""
+        if self.selective:
+            self.ack_pending = False
+            self.engine.stats["held_reports"] += 1
+            self.send_ack(wire.HELD_SYNDROME, (self.epsn - 1) & wire.PSN_MASK, self.top)
 
     def _report_duplicate(self, psn: int) -> None:
         """``psn`` arrived twice: tell a selective peer (a duplicate report, which ACKs
@@ -1590,6 +1633,8 @@ class QueuePair:
         if taken > new:
             self.engine.drops[DropReason.PSN_DUPLICATE] += taken - new
         self._held_to((end - 1) & wire.PSN_MASK, d + taken - 1)
+        if self._ackreq.value & wire.ACKREQ:
+            self._report_held()
         return taken, self._whole.value
 
     def _recovering(self) -> bool:
@@ -1753,7 +1798,7 @@ class QueuePair:
         b.tx_head = _head8(_MIDDLE, self.remote_qpn)
         b.tx_state = self._send_middle_state()
         b.next_psn, b.inflight, b.since = self.next_psn, self.inflight, self.since_ackreq
-        b.window, b.half = self.window(), self.half()
+        b.window, b.half = self.send_limit(), self.half()
         b.src = msg.src_addr + self.cur_off - msg.src_off
         b.k_left = k
         b.meta = meta.__array_interface__["data"][0]

@@ -23,6 +23,7 @@ from fpgaccl.proto.headers import ICRC_BYTES, RING_STEP_CREDIT, RING_STEP_P2P
 from fpgaccl.proto.icrc import VARIANT_MASK
 from fpgaccl.proto.opcodes import (
     ACK_CREDIT_DUPLICATE,
+    ACK_CREDIT_HELD,
     ACK_CREDIT_INVALID,
     ACK_CREDIT_PEER_DEAD,
     ACK_CREDIT_REORDERING,
@@ -100,6 +101,7 @@ ACK_SYNDROME = aeth_syndrome(AethKind.ACK, ACK_CREDIT_INVALID)
 DUPLICATE_SYNDROME = aeth_syndrome(AethKind.ACK, ACK_CREDIT_DUPLICATE)
 REORDERING_SYNDROME = aeth_syndrome(AethKind.ACK, ACK_CREDIT_REORDERING)
 PEER_DEAD_SYNDROME = aeth_syndrome(AethKind.ACK, ACK_CREDIT_PEER_DEAD)
+HELD_SYNDROME = aeth_syndrome(AethKind.ACK, ACK_CREDIT_HELD)
 
 
 def ip_to_int(addr: str) -> int:

@@ -104,6 +104,12 @@ ACK_CREDIT_PEER_DEAD = 0b11100
 dead; the engine it is sent to fails its calls naming that rank."""
 
 
+ACK_CREDIT_HELD = 0b11011
+"""Credit field of a *holding report*, an ACK between two software engines only
+(proto/reliability.py): cumulative as any ACK, its MSN names the farthest PSN the sender
+holds past a hole."""
+
+
 def aeth_syndrome(kind: AethKind, value: int) -> int:
     return (int(kind) << 5) | (value & 0x1F)
 

@@ -38,6 +38,15 @@ holes; where many holes were late, their resend waits out a reordering window me
 how late they were. A hole reported again after its resend is a loss either way. The HDL
 reads only an ACK's kind, and no HDL node is sent one.
 
+A holding responder also **reports how far it holds**, so that a hole does not stall the
+requester's window for a round trip: when it holds a packet that asks for an ACK (AckReq),
+it sends at once a *holding report*, an ACK (cumulative, as any ACK) whose credit field is
+``opcodes.ACK_CREDIT_HELD`` and whose MSN field carries the farthest PSN it holds. The
+requester counts what lies between its oldest unACKed PSN and that one, less the holes it
+knows, as delivered: its congestion window limits only the packets still in the network
+(TCP's SACK "pipe"), while all that is outstanding stays within its send window and the
+responder's :func:`hold_packets`. Software engines only, as above.
+
 A requester that finds the path reordering tells the responder so, to spare the reports
 themselves: a *reordering notice* is an ACK (cumulative, as any ACK: its PSN is the
 sender's own expected PSN less one) whose credit field is ``opcodes.ACK_CREDIT_REORDERING``

@@ -15,6 +15,7 @@ from fpgaccl.host.qp import MIN_CWND, RTO_MIN_S, MemoryRegion, Message, QueuePai
 from fpgaccl.proto.drops import DropReason
 from fpgaccl.proto.opcodes import (
     ACK_CREDIT_DUPLICATE,
+    ACK_CREDIT_HELD,
     ACK_CREDIT_INVALID,
     ACK_CREDIT_REORDERING,
     AethKind,
@@ -339,6 +340,62 @@ def test_a_go_back_n_requester_reads_nothing_in_a_duplicate_report() -> None:
     w = qp.window()
     qp.on_ack(PSN0 + 4, wire.DUPLICATE_SYNDROME, 0.011, PSN0 + 5)
     assert qp.window() == w and not eng.stats["resends_needless"]
+
+
+def test_a_holding_report_lets_the_window_slide_past_a_hole() -> None:
+    qp, eng = _qp(window=256, selective=True)
+    qp.cwnd = qp.ssthresh = MIN_CWND
+    _send(qp, 100)
+    assert len(eng.out) == MIN_CWND
+    eng.out.clear()
+    qp.on_ack(PSN0, NAK_SEQ, 0.001, PSN0)  # the oldest is lost: resent alone
+    qp.on_ack(PSN0, NAK_SEQ, 0.001, PSN0 + 5)  # and a later one
+    qp.pump(0.001)
+    assert [_psn(d) for d in eng.out] == [PSN0, PSN0 + 5]  # the window is still full
+    eng.out.clear()
+    qp.on_ack(PSN0 - 1, wire.HELD_SYNDROME, 0.002, PSN0 + 500)  # no PSN of ours: no news
+    qp.pump(0.002)
+    assert not eng.out and qp.send_limit() == MIN_CWND
+    # The peer holds up to PSN0 + 15: all but the two holes have left the network.
+    qp.on_ack(PSN0 - 1, wire.HELD_SYNDROME, 0.002, PSN0 + 15)
+    assert qp.send_limit() == 2 * MIN_CWND - 2
+    qp.pump(0.002)
+    assert [_psn(d) for d in eng.out] == list(range(PSN0 + 16, PSN0 + 30))
+    qp.on_ack(PSN0 - 1, wire.HELD_SYNDROME, 0.003, PSN0 + 9)  # an older report: no change
+    assert qp.send_limit() == 2 * MIN_CWND - 2
+    # The holes filled: the ACK passes the farthest held PSN, the window counts alone.
+    qp.on_ack(PSN0 + 20, wire.ACK_SYNDROME, 0.004)
+    assert qp.held_top == -1 and qp.send_limit() == qp.window()
+    assert eng.stats["held_reports_rx"] == 3
+
+
+def test_a_go_back_n_requester_reads_nothing_in_a_holding_report() -> None:
+    qp, eng = _qp(window=256, selective=False)
+    qp.cwnd = qp.ssthresh = MIN_CWND
+    _send(qp, 100)
+    eng.out.clear()
+    qp.on_ack(PSN0 - 1, wire.HELD_SYNDROME, 0.002, PSN0 + 15)
+    qp.pump(0.002)
+    assert not eng.out and qp.send_limit() == MIN_CWND
+
+
+@pytest.mark.parametrize("selective", [True, False])
+def test_a_holding_responder_reports_how_far_it_holds(selective: bool) -> None:
+    qp, eng = _qp(selective=selective)
+    data = bytes(40 * MTU)
+    reth = {"va": qp.ring.va, "rkey": qp.ring.rkey, "dlen": len(data)}
+    for i in (0, 2, 3, 4, 5, 6):  # 1 is lost; 4 and 6 ask for an ACK
+        op = Opcode.RDMA_WRITE_FIRST if i == 0 else Opcode.RDMA_WRITE_MIDDLE
+        dg = _seg(op, 100 + i, data[i * MTU:(i + 1) * MTU], qp.qpn, "127.0.0.2", "127.0.0.1",
+                  reth=reth if i == 0 else None, ackreq=int(i in (4, 6)))
+        qp.on_write(op, 100 + i, int(i in (4, 6)), memoryview(dg), len(dg))
+    held = [a for a in _credit_msn(eng) if a[:2] == (AethKind.ACK, ACK_CREDIT_HELD)]
+    if selective:  # each ACKs what precedes the hole and names the farthest PSN held
+        assert held == [(AethKind.ACK, ACK_CREDIT_HELD, 100, 104),
+                        (AethKind.ACK, ACK_CREDIT_HELD, 100, 106)]
+    else:  # an HDL requester resends everything after a hole anyway
+        assert not held
+    assert eng.stats["held_reports"] == 2 * selective
 
 
 def test_window_never_shrinks_below_its_floor() -> None:
