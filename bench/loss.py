@@ -60,6 +60,12 @@ want = np.arange(%(elems)d, dtype=np.float32) * p + p * (p - 1) / 2
 comm.barrier()
 print("ready", flush=True)
 sys.stdin.readline()  # the bench has reset the nft counters and started the relay
+for _ in range(%(warm)d):  # untimed calls on the impaired path: what the engine learns stays
+    w = x.copy()
+    comm.allreduce(w, algo="ring")
+if %(warm)d:
+    print("warm", flush=True)
+    sys.stdin.readline()  # counters reset again
 comm.barrier()
 s0 = comm.stats()
 c0, t0 = time.process_time(), time.perf_counter()
@@ -195,7 +201,7 @@ class Bed:
 
 
 def run_case(bed: Bed, name: str, delay_ms: float, init: str = "",
-             pythonpath: str | None = None) -> dict:
+             pythonpath: str | None = None, warm: int = 0) -> dict:
     loss, dup, reorder, relayed = CASES[name]
     bed.impair(loss, dup)
     env_base = dict(os.environ, FPGACCL_WORLD_SIZE=str(WORLD), MASTER_ADDR=bed.addrs[0],
@@ -203,7 +209,7 @@ def run_case(bed: Bed, name: str, delay_ms: float, init: str = "",
                     FPGACCL_JOB_SECRET=uuid.uuid4().hex)
     if pythonpath:
         env_base["PYTHONPATH"] = pythonpath
-    script = RANK % {"elems": ELEMS, "init": init}
+    script = RANK % {"elems": ELEMS, "init": init, "warm": warm}
     relay = None
     stop = Path(tempfile.gettempdir()) / f"loss-relay-stop-{uuid.uuid4().hex}"
     if relayed:
@@ -231,6 +237,16 @@ def run_case(bed: Bed, name: str, delay_ms: float, init: str = "",
         for p in procs:
             p.stdin.write("go\n")
             p.stdin.flush()
+        if warm:
+            for p in procs:
+                line = p.stdout.readline().strip()
+                if line != "warm":
+                    raise RuntimeError(f"{name}: a rank failed warming up: {line!r} "
+                                       f"{p.stderr.read()[-2000:]}")
+            bed.impair(loss, dup)  # counters from zero for the timed call
+            for p in procs:
+                p.stdin.write("go\n")
+                p.stdin.flush()
         res = []
         for p in procs:
             line = p.stdout.readline()
@@ -255,7 +271,7 @@ def run_case(bed: Bed, name: str, delay_ms: float, init: str = "",
         bed.reorder(0)
     st = [r["stats"] for r in res]
     row = {
-        "case": name, "loss_pct": loss, "dup_pct": dup, "reorder_pct": reorder,
+        "case": name, "loss_pct": loss, "dup_pct": dup, "reorder_pct": reorder, "warm": warm,
         "time_s": max(r["time_s"] for r in res),
         "cpu_s": sum(r["cpu_s"] for r in res),  # all ranks' CPU over the call
         "ok": all(r["ok"] for r in res),
@@ -305,6 +321,9 @@ def main() -> None:
     ap.add_argument("--against", default="", metavar="REV",
                     help="also run, interleaved with this tree, the fpgaccl of git revision "
                          "REV (checked out in a temporary worktree)")
+    ap.add_argument("--warm", type=int, default=0, metavar="N",
+                    help="N untimed allreduces on the impaired path before the timed one "
+                         "(the engine keeps what it learned: window, round trip, reordering)")
     ap.add_argument("--out", default="loss")
     ap.add_argument("--label", default="", help="stored with the rows (before/after)")
     args = ap.parse_args()
@@ -331,7 +350,7 @@ def main() -> None:
             for n in names:
                 for variant, pythonpath in variants:  # interleaved: the same load for each
                     try:
-                        row = run_case(bed, n, args.delay_ms, init, pythonpath)
+                        row = run_case(bed, n, args.delay_ms, init, pythonpath, args.warm)
                     except RuntimeError as e:  # a failed case is a result too
                         row = {"case": n, "time_s": None, "ok": False,
                                "error": str(e)[-600:]}
