@@ -200,6 +200,20 @@ class Bed:
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
 
 
+def expect(procs: list[subprocess.Popen], word: str, failure: str) -> None:
+    """Every rank's next line is ``word``; else ``failure``, with what the rank said."""
+    for p in procs:
+        line = p.stdout.readline().strip()
+        if line != word:
+            raise RuntimeError(f"{failure}: {line!r} {p.stderr.read()[-2000:]}")
+
+
+def tell(procs: list[subprocess.Popen], word: str) -> None:
+    for p in procs:
+        p.stdin.write(word + "\n")
+        p.stdin.flush()
+
+
 def run_case(bed: Bed, name: str, delay_ms: float, init: str = "",
              pythonpath: str | None = None, warm: int = 0) -> dict:
     loss, dup, reorder, relayed = CASES[name]
@@ -227,26 +241,14 @@ def run_case(bed: Bed, name: str, delay_ms: float, init: str = "",
                 ["ip", "netns", "exec", bed.ns[r], sys.executable, "-c", script], env=env,
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                 text=True))
-        for p in procs:
-            line = p.stdout.readline().strip()
-            if line != "ready":
-                raise RuntimeError(f"{name}: a rank did not start: {line!r} "
-                                   f"{p.stderr.read()[-2000:]}")
+        expect(procs, "ready", f"{name}: a rank did not start")
         bed.impair(loss, dup)  # counters from zero for the timed call
         bed.reorder(reorder)
-        for p in procs:
-            p.stdin.write("go\n")
-            p.stdin.flush()
+        tell(procs, "go")
         if warm:
-            for p in procs:
-                line = p.stdout.readline().strip()
-                if line != "warm":
-                    raise RuntimeError(f"{name}: a rank failed warming up: {line!r} "
-                                       f"{p.stderr.read()[-2000:]}")
+            expect(procs, "warm", f"{name}: a rank failed warming up")
             bed.impair(loss, dup)  # counters from zero for the timed call
-            for p in procs:
-                p.stdin.write("go\n")
-                p.stdin.flush()
+            tell(procs, "go")
         res = []
         for p in procs:
             line = p.stdout.readline()
@@ -254,9 +256,7 @@ def run_case(bed: Bed, name: str, delay_ms: float, init: str = "",
                 raise RuntimeError(f"{name}: a rank failed: {p.stderr.read()[-3000:]}")
             res.append(json.loads(line))
         imp = bed.counters()
-        for p in procs:
-            p.stdin.write("bye\n")
-            p.stdin.flush()
+        tell(procs, "bye")
         for p in procs:
             p.wait(timeout=60)
     finally:

@@ -516,6 +516,10 @@ class QueuePair:
         """AckReq cadence: every half window, so that a small window still gets ACKs."""
         return max(1, self.window() // 2)
 
+    def _oldest(self) -> int:
+        """The oldest unACKed PSN (the next one, when nothing is outstanding)."""
+        return (self.next_psn - self.inflight) & wire.PSN_MASK
+
     def send_limit(self) -> int:
         """How many packets may be outstanding: the window, plus those a holding peer
         reported it holds past the oldest unACKed (a holding report, proto/reliability.py):
@@ -524,7 +528,7 @@ class QueuePair:
         window, top = self.window(), self.held_top
         if top < 0 or not self.inflight:
             return window
-        oldest = (self.next_psn - self.inflight) & wire.PSN_MASK
+        oldest = self._oldest()
         upto = psn_diff(top, oldest)  # packets before top, the oldest (a hole) among them
         if not 0 < upto < self.inflight:
             return window
@@ -768,7 +772,7 @@ class QueuePair:
         kind, code = split_syndrome(syndrome)
         # Only a PSN we sent and is not yet ACKed may be NAKed or ACKed; an ACK may also
         # repeat the newest one ACKed (a responder's answer to a duplicate).
-        d = psn_diff(psn, (self.next_psn - self.inflight) & wire.PSN_MASK)
+        d = psn_diff(psn, self._oldest())
         if not (0 if kind == AethKind.NAK else -1) <= d < self.inflight:
             self.engine.drop(DropReason.ACK_PSN_INVALID)
             return
@@ -827,7 +831,7 @@ class QueuePair:
     def _peer_holds(self, psn: int) -> None:
         """A holding report: the peer holds ``psn``, past a hole (send_limit)."""
         self.engine.stats["held_reports_rx"] += 1
-        oldest = (self.next_psn - self.inflight) & wire.PSN_MASK
+        oldest = self._oldest()
         if 0 < psn_diff(psn, oldest) < self.inflight and (
                 self.held_top < 0 or psn_diff(psn, self.held_top) > 0):
             self.held_top = psn
@@ -966,7 +970,7 @@ class QueuePair:
 
     def _filled_late(self, now: float) -> None:
         """The deferred holes the ACKs have passed filled without a resend: late."""
-        oldest = (self.next_psn - self.inflight) & wire.PSN_MASK
+        oldest = self._oldest()
         for psn, at in list(self.deferred.items()):
             if not 0 <= psn_diff(psn, oldest) < self.inflight:
                 del self.deferred[psn]
