@@ -95,8 +95,8 @@ held = []  # (due, frame), in arrival order
 n = 0
 print("relay ready", flush=True)
 while not os.path.exists(sys.argv[4]):
-    wait = 1 if not held else max(0, int((held[0][0] - time.monotonic()) * 1000))
-    if select.select([rx], [], [], wait / 1000)[0]:
+    wait = 0.05 if not held else max(0.0, held[0][0] - time.monotonic())
+    if select.select([rx], [], [], wait)[0]:
         while True:
             try:
                 frame, addr = rx.recvfrom(65536, socket.MSG_DONTWAIT)
