@@ -1218,9 +1218,10 @@ class QueuePair:
             self._on_write(kept[0], self.epsn, kept[1], memoryview(kept[2]), len(kept[2]))
         if early and psn_diff(self.epsn, psn) > 0:
             # A new gap with packets behind it: it has waited long enough (as
-            # _advance_held), and the NAK ACKs what precedes it.
+            # _advance_held), unless its report is held back, and the NAK ACKs what
+            # precedes it.
             self._report_again()
-            if not self.nak_sent:
+            if not self.nak_sent and self.epsn not in self.pending_reports:
                 self.ack_pending = False
                 self._nak_gap()
 
@@ -1538,9 +1539,11 @@ class QueuePair:
             self.epsn = psn
             self.w_done += m * mtu
             self.ack_pending = True
-        if held and not self.nak_sent and self.epsn not in self.pending_reports:
+        if (held and not self.nak_sent and self.epsn not in self.pending_reports
+                and self.epsn not in self.early):
             # Held packets behind a new gap: it has waited long enough (unless its report
-            # is held back). The NAK also ACKs everything before it.
+            # is held back, or it is no gap: on_write is taking what it kept aside). The
+            # NAK also ACKs everything before it.
             self.ack_pending = False
             if self.selective:
                 self._report_again()

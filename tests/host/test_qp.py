@@ -611,6 +611,49 @@ def test_a_holding_responder_keeps_later_messages_aside_until_the_gap_fills() ->
     assert _acks(eng) == [(AethKind.ACK, 108)]
 
 
+def test_taking_what_was_kept_aside_naks_no_packet_it_kept() -> None:
+    # The FIRST is late: the MIDDLEs behind it are kept aside (no WRITE to hold them in),
+    # and those after the FIRST are held. Taking the kept ones once a second gap fills
+    # moves the expected PSN over packets the responder has: no NAK names them.
+    qp, eng = _qp(selective=True)
+    data = np.random.default_rng(5).integers(0, 256, 40 * MTU, np.uint8).tobytes()
+    for i in (1, 2, 4, 5, 6):  # 0 (the FIRST) and 3 late
+        _write(qp, eng, i, data, 40)
+    assert len(qp.early) == 5 and not qp.held and _naks(eng) == [(100, 100), (100, 103)]
+    _write(qp, eng, 0, data, 40)
+    assert qp.epsn == 103 and _naks(eng) == [(103, 103)]  # the gap left: reported again
+    for i in (7, 8, 9):
+        _write(qp, eng, i, data, 40)
+    assert qp.held == {107, 108, 109}
+    eng.out.clear()
+    _write(qp, eng, 3, data, 40)
+    assert qp.epsn == 110 and not qp.early and not qp.held
+    assert _acks(eng) == [(AethKind.ACK, 109)]
+    for i in range(10, 40):
+        _write(qp, eng, i, data, 40)
+    assert qp.ring.buf[:len(data)].tobytes() == data
+
+
+def test_after_a_reordering_notice_a_gap_left_by_a_fill_waits_for_its_report(
+        monkeypatch) -> None:
+    clock = [50.0]
+    monkeypatch.setattr(qp_mod.time, "monotonic", lambda: clock[0])
+    qp, eng = _qp(selective=True)
+    _notice(qp, 0.002, clock[0])
+    data = bytes(40 * MTU)
+    for i in (1, 2, 4, 5, 6):  # 0 (the FIRST) and 3 late: kept aside, reports held back
+        _write(qp, eng, i, data, 40)
+    assert not _naks(eng) and set(qp.pending_reports) == {100, 103}
+    clock[0] += 0.001
+    _write(qp, eng, 0, data, 40)
+    assert qp.epsn == 103 and not _naks(eng)  # 103's report is not due yet
+    clock[0] += 0.0005
+    _write(qp, eng, 3, data, 40)  # late, not lost: it cost no report
+    qp.run_reports(clock[0])
+    assert qp.epsn == 107 and not _naks(eng) and not qp.pending_reports
+    assert eng.stats["holes_reported"] == 0
+
+
 def test_a_holding_responder_reports_its_holes_again_on_a_probe() -> None:
     qp, eng = _qp(selective=True)
     data = bytes(40 * MTU)
