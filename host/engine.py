@@ -569,7 +569,7 @@ class Engine:
         # Guards before the per-QP calls: this loop runs hundreds of times a
         # collective, and most turns find nothing for most QPs.
         for qp in qps:
-            if qp.pending_reports:
+            if qp.pending_reports or qp.again_at:
                 qp.run_reports(now)
             if qp.ack_pending or qp.ack_due:
                 qp.flush_ack(now)
@@ -714,7 +714,7 @@ class Engine:
                            max(0.0, qp.deferred_due() - now))
             if qp.ack_due > 0:
                 wait = min(wait, max(0.0, qp.ack_due - now))
-            if qp.pending_reports:
+            if qp.pending_reports or qp.again_at:
                 wait = min(wait, max(0.0, qp.reports_due() - now))
         job_wait = self.jobs.wait_s(now)
         if job_wait is not None:

@@ -437,6 +437,7 @@ class QueuePair:
         self.reported = -1  # holes before this PSN are reported to a selective peer
         self.top = -1  # the farthest PSN held, while any is
         self.reported_at = 0.0  # when the holes were last all reported again
+        self.again_at = 0.0  # when a report again that came too soon is due (0: none)
         # A reordering notice from the peer: until holdoff_until, each hole report waits
         # ``holdoff`` first (PSN -> when due), and a late packet filling it spares it.
         # Where few are spared (spare_share, a moving average over about 16, under
@@ -1465,7 +1466,9 @@ class QueuePair:
 
     def run_reports(self, now: float) -> None:
         """Send the held-back hole reports that are due; a hole that filled meanwhile was
-        late, and costs nothing more."""
+        late, and costs nothing more; and the holes again, if that was asked too soon."""
+        if self.again_at and now >= self.again_at:
+            self._report_again(due=True)
         epsn, held, early = self.epsn, self.held, self.early
         for q, due in list(self.pending_reports.items()):
             if psn_diff(q, epsn) < 0 or q in held or q in early:
@@ -1486,7 +1489,8 @@ class QueuePair:
 
     def reports_due(self) -> float:
         """When the next held-back hole report is due (inf: none)."""
-        return min(self.pending_reports.values()) if self.pending_reports else float("inf")
+        due = min(self.pending_reports.values()) if self.pending_reports else float("inf")
+        return min(due, self.again_at) if self.again_at else due
 
     def _report_held(self) -> None:
         """An early packet that asked for an ACK is held: tell a selective peer how far
@@ -1505,17 +1509,22 @@ class QueuePair:
         self.engine.stats["duplicates_reported"] += 1
         self.send_ack(wire.DUPLICATE_SYNDROME, (self.epsn - 1) & wire.PSN_MASK, psn)
 
-    def _report_again(self) -> None:
+    def _report_again(self, due: bool = False) -> None:
         """Report every hole behind the farthest held packet again, the first with a NAK
         even if one was sent (a resend of it may be lost), at most once a millisecond:
         the requester resends each at most once a round trip."""
         if not (self.held or self.early):
             self.top = -1
+            self.again_at = 0.0
             return
         now = time.monotonic()
-        if now - self.reported_at < REPORT_AGAIN_S:
+        if not due and now - self.reported_at < REPORT_AGAIN_S:
+            # Not dropped, delayed (run_reports): the resends it would ask for may be
+            # lost, and the next event that asks again may be the timer's.
+            self.again_at = self.again_at or self.reported_at + REPORT_AGAIN_S
             return
         self.reported_at = now
+        self.again_at = 0.0
         self.reported = -1
         self.nak_sent = False
         self.ack_pending = False
@@ -1539,6 +1548,8 @@ class QueuePair:
             self.epsn = psn
             self.w_done += m * mtu
             self.ack_pending = True
+        if not held and not self.early:
+            self.again_at = 0.0  # no hole left to report
         if (held and not self.nak_sent and self.epsn not in self.pending_reports
                 and self.epsn not in self.early):
             # Held packets behind a new gap: it has waited long enough (unless its report

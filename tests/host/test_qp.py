@@ -669,6 +669,27 @@ def test_a_holding_responder_reports_its_holes_again_on_a_probe() -> None:
     assert _acks(eng) == [(AethKind.ACK, 100)]
 
 
+def test_holes_asked_again_too_soon_are_reported_again_when_due(monkeypatch) -> None:
+    clock = [50.0]
+    monkeypatch.setattr(qp_mod.time, "monotonic", lambda: clock[0])
+    qp, eng = _qp(selective=True)
+    data = bytes(40 * MTU)
+    _write(qp, eng, 0, data, 40)
+    for i in range(2, 12):
+        if i != 6:  # 1 and 6 missing
+            _write(qp, eng, i, data, 40)
+    qp.reported_at = clock[0]  # the holes were all reported just now
+    _naks(eng)
+    _write(qp, eng, 3, data, 40)  # a copy: it asks for the holes again, too soon
+    assert not _naks(eng) and qp.reports_due() == clock[0] + qp_mod.REPORT_AGAIN_S
+    clock[0] += qp_mod.REPORT_AGAIN_S
+    qp.run_reports(clock[0])  # (their resends may be lost: the timer is far off)
+    assert _naks(eng) == [(101, 101), (101, 106)] and qp.reports_due() == float("inf")
+    for i in (1, 6):
+        _write(qp, eng, i, data, 40)
+    assert qp.epsn == 112 and not qp.again_at
+
+
 def _credit_msn(eng: _Engine) -> list[tuple[AethKind, int, int, int]]:
     """(kind, credit or NAK code, PSN, MSN) of each ACK sent."""
     got = []
