@@ -52,6 +52,14 @@ class _Engine(_Recorder):
         raise AssertionError(f"the QP failed: {error}")
 
 
+@pytest.fixture
+def clock(monkeypatch) -> list[float]:
+    """The QPs' monotonic clock, moved by hand: ``clock[0]`` is now."""
+    now = [50.0]
+    monkeypatch.setattr(qp_mod.time, "monotonic", lambda: now[0])
+    return now
+
+
 def _qp(window: int = 64, *, selective: bool = False) -> tuple[QueuePair, _Engine]:
     eng = _Engine(window)
     ring = MemoryRegion(0x77, np.zeros(64 * MTU, np.uint8), 0x100)
@@ -635,9 +643,7 @@ def test_taking_what_was_kept_aside_naks_no_packet_it_kept() -> None:
 
 
 def test_after_a_reordering_notice_a_gap_left_by_a_fill_waits_for_its_report(
-        monkeypatch) -> None:
-    clock = [50.0]
-    monkeypatch.setattr(qp_mod.time, "monotonic", lambda: clock[0])
+        clock: list[float]) -> None:
     qp, eng = _qp(selective=True)
     _notice(qp, 0.002, clock[0])
     data = bytes(40 * MTU)
@@ -669,9 +675,7 @@ def test_a_holding_responder_reports_its_holes_again_on_a_probe() -> None:
     assert _acks(eng) == [(AethKind.ACK, 100)]
 
 
-def test_holes_asked_again_too_soon_are_reported_again_when_due(monkeypatch) -> None:
-    clock = [50.0]
-    monkeypatch.setattr(qp_mod.time, "monotonic", lambda: clock[0])
+def test_holes_asked_again_too_soon_are_reported_again_when_due(clock: list[float]) -> None:
     qp, eng = _qp(selective=True)
     data = bytes(40 * MTU)
     _write(qp, eng, 0, data, 40)
@@ -725,9 +729,7 @@ def _notice(qp: QueuePair, holdoff_s: float, now: float) -> None:
 
 
 def test_after_a_reordering_notice_hole_reports_wait_and_late_packets_spare_them(
-        monkeypatch) -> None:
-    clock = [50.0]
-    monkeypatch.setattr(qp_mod.time, "monotonic", lambda: clock[0])
+        clock: list[float]) -> None:
     qp, eng = _qp(selective=True)
     _notice(qp, 0.002, clock[0])
     data = np.random.default_rng(3).integers(0, 256, 40 * MTU, np.uint8).tobytes()
@@ -757,9 +759,7 @@ def test_after_a_reordering_notice_hole_reports_wait_and_late_packets_spare_them
     assert _naks(eng2) == [(101, 101)]
 
 
-def test_a_reordering_notice_whose_holes_are_lost_is_dropped(monkeypatch) -> None:
-    clock = [50.0]
-    monkeypatch.setattr(qp_mod.time, "monotonic", lambda: clock[0])
+def test_a_reordering_notice_whose_holes_are_lost_is_dropped(clock: list[float]) -> None:
     qp, eng = _qp(selective=True)
     _notice(qp, 0.001, clock[0])
     data = bytes(64 * MTU)
