@@ -660,13 +660,19 @@ def test_after_a_reordering_notice_a_gap_left_by_a_fill_waits_for_its_report(
     assert eng.stats["holes_reported"] == 0
 
 
-def test_a_holding_responder_reports_its_holes_again_on_a_probe() -> None:
+def _two_holes() -> tuple[QueuePair, _Engine, bytes]:
+    """A holding responder that has packets 0-11 of a 40-packet WRITE but 1 and 6."""
     qp, eng = _qp(selective=True)
     data = bytes(40 * MTU)
     _write(qp, eng, 0, data, 40)
     for i in range(2, 12):
-        if i != 6:  # 1 and 6 missing
+        if i != 6:
             _write(qp, eng, i, data, 40)
+    return qp, eng, data
+
+
+def test_a_holding_responder_reports_its_holes_again_on_a_probe() -> None:
+    qp, eng, data = _two_holes()
     assert _naks(eng) == [(101, 101), (101, 106)]
     qp.reported_at = -1.0  # as if a millisecond had passed
     _write(qp, eng, 0, data, 40)  # a probe with a packet it has: the resends were lost
@@ -676,12 +682,7 @@ def test_a_holding_responder_reports_its_holes_again_on_a_probe() -> None:
 
 
 def test_holes_asked_again_too_soon_are_reported_again_when_due(clock: list[float]) -> None:
-    qp, eng = _qp(selective=True)
-    data = bytes(40 * MTU)
-    _write(qp, eng, 0, data, 40)
-    for i in range(2, 12):
-        if i != 6:  # 1 and 6 missing
-            _write(qp, eng, i, data, 40)
+    qp, eng, data = _two_holes()
     qp.reported_at = clock[0]  # the holes were all reported just now
     _naks(eng)
     _write(qp, eng, 3, data, 40)  # a copy: it asks for the holes again, too soon
