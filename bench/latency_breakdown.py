@@ -155,7 +155,10 @@ def _instrument(st: _Stamps) -> None:
             return timed
 
         engine_mod.Engine._drive_wait = timed_drive_wait
-    engine_mod.select = types.SimpleNamespace(poll=Poller, POLLIN=_select.POLLIN)
+    shim = types.SimpleNamespace(**{k: getattr(_select, k) for k in dir(_select)
+                                    if k.isupper() or k == "error"})
+    shim.poll = Poller
+    engine_mod.select = shim
 
 
 def _cpu_s() -> float:
