@@ -269,12 +269,26 @@ class Communicator:
         return self.impl.clock_mhz
 
     # ------------------------------------------------------------------ plumbing
+    def _start(self, fields: tuple, start: Callable[[], Pending]) -> tuple[Pending, Entry]:
+        """Record the call in the flight recorder (``fields``: what it shows of the
+        call), then ``start()`` it: a blocking call may run to its end, or hang, in
+        there, and the record shows it meanwhile."""
+        entry = self.flight.record(None, fields)
+        try:
+            job = start()
+        except BaseException as e:
+            self.flight.failed(entry, e)
+            raise
+        entry.job = job
+        return job, entry
+
     def _handle(self, job: Pending, result: Any, keep: list[UserBuffer],
-                async_op: bool, fields: tuple) -> Any:
-        """Wrap ``job`` in a Handle, and record it in the flight recorder (``fields``:
-        what the recorder shows of the call)."""
+                async_op: bool, fields: tuple, entry: Entry | None = None) -> Any:
+        """Wrap ``job`` in a Handle, recorded in the flight recorder (``fields``) unless
+        :meth:`_start` recorded it as ``entry``."""
         flight = self.flight
-        entry = flight.record(job, fields)
+        if entry is None:
+            entry = flight.record(job, fields)
         handle = Handle(job, result, keep, self.rank, (flight, entry))
         return handle if async_op else handle.wait()
 
@@ -290,10 +304,11 @@ class Communicator:
         coll, call = self._next_coll()
         dtype, rop = _dtype_of(dt), _op_of(op) if op else None
         sig = self._signature(call, kind, count, dtype, rop, root, algo, tagv)
-        job = self.impl.schedule(name, body, coll, self.deadline_s, sig, counts)
         shown = count if counts is None else sum(counts[0])
-        return self._handle(job, result, keep, async_op,
-                            (call, name, shown, dtype, rop, root, algo, tagv))
+        fields = (call, name, shown, dtype, rop, root, algo, tagv)
+        job, entry = self._start(fields, lambda: self.impl.schedule(
+            name, body, coll, self.deadline_s, sig, counts, blocking=not async_op))
+        return self._handle(job, result, keep, async_op, fields, entry)
 
     def _signature(self, call: int, kind: Kind, count: int, dtype: DType,
                    op: ReduceOp | None, root: int | None, algo: tuple,
@@ -356,9 +371,10 @@ class Communicator:
         dtype, rop = _dtype_of(dt), _op_of(op) if op else None
         sig = self._signature(call, kind, m, dtype, rop, root, algo, tagv)
         run = ProgramRun(name, program, dtype, dt, rop or ReduceOp.SUM, segments, get_in,
-                         put_out, out, check_lengths, sig)
-        return self._handle(self.impl.run(run, self.deadline_s), result, keep, async_op,
-                            (call, name, m, dtype, rop, root, algo, tagv))
+                         put_out, out, check_lengths, sig, blocking=not async_op)
+        fields = (call, name, m, dtype, rop, root, algo, tagv)
+        job, entry = self._start(fields, lambda: self.impl.run(run, self.deadline_s))
+        return self._handle(job, result, keep, async_op, fields, entry)
 
     def _gather_in(self, full: np.ndarray, m: int, blocks: int, whole: bool) -> Any:
         """get_in for block-structured IN: the user's buffer itself when one segment
@@ -1081,9 +1097,10 @@ class Communicator:
         if not self.impl.host_schedules:
             self._need_p2p_programs("dst")
             return self._p2p_program("send", lib.p2p_send, dst, seq, b, None, async_op)
-        job = self.impl.send(dst, seq, b.array, self.deadline_s)
-        return self._handle(job, None, [b], async_op,
-                            (seq, "send", b.array.size, None, None, None, (), 0, dst))
+        fields = (seq, "send", b.array.size, None, None, None, (), 0, dst)
+        job, entry = self._start(fields, lambda: self.impl.send(
+            dst, seq, b.array, self.deadline_s, blocking=not async_op))
+        return self._handle(job, None, [b], async_op, fields, entry)
 
     def recv(self, buf: Any, src: int, *, async_op: bool = False) -> Any:
         """Rank ``src``'s matching :meth:`send` into ``buf``."""
@@ -1095,9 +1112,10 @@ class Communicator:
             self._need_p2p_programs("src")
             return self._p2p_program("recv", lib.p2p_recv, src, seq, b, self._out(b, buf),
                                      async_op)
-        job = self.impl.recv(src, seq, b.array, self.deadline_s)
-        return self._handle(job, self._out(b, buf), [b], async_op,
-                            (seq, "recv", b.array.size, None, None, None, (), 0, src))
+        fields = (seq, "recv", b.array.size, None, None, None, (), 0, src)
+        job, entry = self._start(fields, lambda: self.impl.recv(
+            src, seq, b.array, self.deadline_s, blocking=not async_op))
+        return self._handle(job, self._out(b, buf), [b], async_op, fields, entry)
 
     def _need_p2p_programs(self, argument: str) -> None:
         if not getattr(self.impl, "p2p_programs", False):

@@ -292,9 +292,11 @@ class Engine:
 
     # ------------------------------------------------------------------ host side
     def submit(self, name: str, program: Program, deadline_s: float, *,
-               ordered: bool = True) -> Job:
+               ordered: bool = True, blocking: bool = False) -> Job:
         """Queue ``program``. Ordered jobs (collectives) run one at a time in submission
-        order; an unordered one (a send or a recv) runs beside them (:mod:`.jobs`)."""
+        order; an unordered one (a send or a recv) runs beside them (:mod:`.jobs`).
+        ``blocking``: the caller waits for the job at once, so where the loop is free it
+        runs the job to its end here and lets the loop go once, not twice."""
         job = Job(name, program, deadline_s, ordered=ordered)
         job.event.driver = self._drive
         failed = self.failed
@@ -312,6 +314,9 @@ class Engine:
             # The loop is free: start the job here (its first messages leave now), and
             # leave the rest to whoever waits for it, or to the engine thread, which the
             # replies wake; no wake-up of that thread on every call.
+            if blocking:
+                self._drive_held(job.event, None)
+                return job
             try:
                 turn = self._turn
                 while turn(False) and not self._stop and not job.event.is_set():
@@ -616,6 +621,10 @@ class Engine:
                 self._handoff = False
                 return
         self._handoff = False
+        self._drive_held(latch, timeout)
+
+    def _drive_held(self, latch: Latch, timeout: float | None) -> None:
+        """:meth:`_drive` once this thread holds the loop; lets it go at the end."""
         end = None if timeout is None else time.monotonic() + timeout
         try:
             wait = self._drive_waiter or self._drive_wait()

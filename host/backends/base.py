@@ -62,6 +62,9 @@ class ProgramRun:
     can checks its peers' before a byte moves."""
     peers: tuple[int, ...] | None = None
     """The ranks that run this program (send/recv: the two ends); None: every rank."""
+    blocking: bool = False
+    """The caller waits for the result at once (not ``async_op``): a backend may run the
+    call on the caller's thread."""
 
 
 class Pending(Protocol):
@@ -119,15 +122,18 @@ class Backend(Protocol):
 
     def schedule(self, name: str, body: Callable[[Any], Program], coll_id: int,
                  deadline_s: float, signature: Signature | None = None,
-                 counts: tuple[Sequence[int], Sequence[int]] | None = None) -> Pending:
+                 counts: tuple[Sequence[int], Sequence[int]] | None = None, *,
+                 blocking: bool = False) -> Pending:
         """Run a host schedule: ``body`` gets a context posting transfers as ``coll_id``.
         With a ``signature`` (and all-to-all-v's ``counts``: sendcounts, recvcounts),
         peers' data lands only once their signatures agree
-        (:mod:`fpgaccl.host.schedule_check`)."""
+        (:mod:`fpgaccl.host.schedule_check`). ``blocking`` as :attr:`ProgramRun.blocking`."""
 
-    def send(self, peer: int, seq: int, data: np.ndarray, deadline_s: float) -> Pending: ...
+    def send(self, peer: int, seq: int, data: np.ndarray, deadline_s: float, *,
+             blocking: bool = False) -> Pending: ...
 
-    def recv(self, peer: int, seq: int, out: np.ndarray, deadline_s: float) -> Pending: ...
+    def recv(self, peer: int, seq: int, out: np.ndarray, deadline_s: float, *,
+             blocking: bool = False) -> Pending: ...
 
     def barrier(self, coll_id: int, deadline_s: float) -> Pending: ...
 

@@ -177,15 +177,18 @@ class RegisterBackend:
 
     def schedule(self, name: str, body: Callable[[Any], Program], coll_id: int,
                  deadline_s: float, signature: Signature | None = None,
-                 counts: tuple[Sequence[int], Sequence[int]] | None = None) -> Finished:
+                 counts: tuple[Sequence[int], Sequence[int]] | None = None, *,
+                 blocking: bool = False) -> Finished:
         raise UnsupportedError("algo", f"{name}: the {self.name} backend runs sequencer "
                                "programs only; host schedules have none")
 
-    def send(self, peer: int, seq: int, data: np.ndarray, deadline_s: float) -> Finished:
+    def send(self, peer: int, seq: int, data: np.ndarray, deadline_s: float, *,
+             blocking: bool = False) -> Finished:
         raise UnsupportedError("dst", f"the {self.name} backend sends with the p2p_send "
                                "program (Communicator.send), not a host schedule")
 
-    def recv(self, peer: int, seq: int, out: np.ndarray, deadline_s: float) -> Finished:
+    def recv(self, peer: int, seq: int, out: np.ndarray, deadline_s: float, *,
+             blocking: bool = False) -> Finished:
         raise UnsupportedError("src", f"the {self.name} backend receives with the p2p_recv "
                                "program (Communicator.recv), not a host schedule")
 

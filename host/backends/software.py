@@ -232,15 +232,16 @@ class SoftwareBackend:
                 if sig is not None and sig.error is not None:
                     engine.forget_calls(s.coll_id for s in run.segments)
 
-        return engine.submit(run.name, job(), deadline_s)
+        return engine.submit(run.name, job(), deadline_s, blocking=run.blocking)
 
     def schedule(self, name: str, body: Callable[[alg.Ctx], Program], coll_id: int,
                  deadline_s: float, signature: Signature | None = None,
-                 counts: tuple[Sequence[int], Sequence[int]] | None = None) -> Job:
+                 counts: tuple[Sequence[int], Sequence[int]] | None = None, *,
+                 blocking: bool = False) -> Job:
         engine = self.engine
         ctx = alg.Ctx(engine, self.rank, self.world_size, coll_id)
         if signature is None:
-            return engine.submit(name, body(ctx), deadline_s)
+            return engine.submit(name, body(ctx), deadline_s, blocking=blocking)
 
         def job() -> Program:
             # Built on the engine thread, which alone posts to the queue pairs.
@@ -248,23 +249,25 @@ class SoftwareBackend:
                                       self.software_peers, counts)
             yield from ctx.check.run(body(ctx))
 
-        return engine.submit(name, job(), deadline_s)
+        return engine.submit(name, job(), deadline_s, blocking=blocking)
 
-    def send(self, peer: int, seq: int, data: np.ndarray, deadline_s: float) -> Job:
+    def send(self, peer: int, seq: int, data: np.ndarray, deadline_s: float, *,
+             blocking: bool = False) -> Job:
         engine = self.engine
 
         def job() -> Program:
             yield engine.send(peer, seq, wire.STEP_P2P, memoryview(data.view(np.uint8)))
 
-        return engine.submit("send", job(), deadline_s, ordered=False)
+        return engine.submit("send", job(), deadline_s, ordered=False, blocking=blocking)
 
-    def recv(self, peer: int, seq: int, out: np.ndarray, deadline_s: float) -> Job:
+    def recv(self, peer: int, seq: int, out: np.ndarray, deadline_s: float, *,
+             blocking: bool = False) -> Job:
         engine = self.engine
 
         def job() -> Program:
             yield engine.recv(peer, seq, wire.STEP_P2P, out, None, "buf")
 
-        return engine.submit("recv", job(), deadline_s, ordered=False)
+        return engine.submit("recv", job(), deadline_s, ordered=False, blocking=blocking)
 
     def barrier(self, coll_id: int, deadline_s: float) -> Job:
         return self.schedule("barrier", alg.barrier_dissemination, coll_id, deadline_s)

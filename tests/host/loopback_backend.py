@@ -74,13 +74,16 @@ class LoopbackBackend:
 
     def schedule(self, name: str, body: Callable[[Any], Program], coll_id: int,
                  deadline_s: float, signature: Signature | None = None,
-                 counts: tuple[Sequence[int], Sequence[int]] | None = None) -> Finished:
+                 counts: tuple[Sequence[int], Sequence[int]] | None = None, *,
+                 blocking: bool = False) -> Finished:
         raise UnsupportedError("algo", "the loopback backend runs sequencer programs only")
 
-    def send(self, peer: int, seq: int, data: np.ndarray, deadline_s: float) -> Finished:
+    def send(self, peer: int, seq: int, data: np.ndarray, deadline_s: float, *,
+             blocking: bool = False) -> Finished:
         raise UnsupportedError("dst", "the loopback backend has no point-to-point")
 
-    def recv(self, peer: int, seq: int, out: np.ndarray, deadline_s: float) -> Finished:
+    def recv(self, peer: int, seq: int, out: np.ndarray, deadline_s: float, *,
+             blocking: bool = False) -> Finished:
         raise UnsupportedError("src", "the loopback backend has no point-to-point")
 
     def barrier(self, coll_id: int, deadline_s: float) -> Finished:

@@ -211,6 +211,33 @@ def _recorded(comm) -> list:
         all(e["start"] <= e["end"] for e in rec)]
 
 
+def _seen_while_blocked(comm) -> list:
+    """What the flight record shows of a blocking call while it waits for a late peer
+    (on the software backend it runs to its end inside its own submission)."""
+    seen: list = []
+    x = np.ones(4, np.float32)
+    comm.allreduce(x)
+    if comm.rank == 1:
+        time.sleep(0.8)
+    else:
+        def look() -> None:
+            time.sleep(0.3)
+            last = comm.flight_record()[-1]
+            seen.append((last["seq"], last["name"], last["state"]))
+
+        t = threading.Thread(target=look)
+        t.start()
+    comm.allreduce(x)
+    if comm.rank == 0:
+        t.join()
+    return seen
+
+
+def test_a_blocking_call_is_in_the_flight_record_while_it_waits() -> None:
+    res = all_ok(run_world(2, _seen_while_blocked, timeout=60))
+    assert res[0] == [(2, "allreduce", "pending")], res
+
+
 def test_the_flight_record_holds_each_calls_signature_and_state() -> None:
     res = all_ok(run_world(2, _recorded, timeout=60))
     for got in res:
