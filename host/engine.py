@@ -34,6 +34,7 @@ from fpgaccl.proto.opcodes import ROCEV2_UDP_PORT
 from fpgaccl.proto.plans import QPN_BASE
 
 from . import native, wire
+from .alarm import make_alarm
 from .jobs import SEQUENCE_POLL_S, Job, Jobs, Latch, Program
 from .matching import Matcher
 from .qp import Completion, MemoryRegion, Message, QueuePair, RowPool
@@ -78,6 +79,13 @@ PARK_S = 0.02
 (at most a quarter of ``rto_s``: what peers send meanwhile waits no longer than that).
 Each look takes the GIL from the caller: every 2 ms cost a 4-rank 8 B allreduce ~40 %
 more CPU a call than every 20 ms in one interleaved run (1352 against 800 us)."""
+HANDBACK_S = 0.0005
+"""A caller that lets the loop go sets the engine thread's alarm at most this far ahead
+(sooner where the loop's own timers say so) rather than waking it: one that waits or
+calls again right after (a loop of small calls, every blocking torch call) takes the
+loop back first, and no thread is woken for it; otherwise the sockets go unread no
+longer than this (peers' next messages, which a 4 MiB socket buffer must not overflow
+with)."""
 SPIN_S = 50e-6
 """How long a caller that drives the loop (:meth:`Engine._drive`) yields and looks
 again before it sleeps in poll: about two one-way hops on loopback here. Only while the
@@ -159,6 +167,9 @@ class Engine:
             udp.close()  # (EMFILE, say): the address must not stay bound
             raise
         self._wake_r.setblocking(False)
+        self._alarm = make_alarm()
+        """Set by a caller that lets the loop go, for the engine thread's next timer
+        (None without timerfd: the caller then wakes the thread at once)."""
         self.jobs = Jobs(self)
         self.seq_due = True
         """Set by whatever may complete a waitable of a job; the loop then runs the
@@ -276,6 +287,8 @@ class Engine:
             self.udp.close()
             self._wake_r.close()
             self._wake_w.close()
+            if self._alarm is not None:
+                self._alarm.close()
         finally:
             if held:
                 self._loop_lock.release()
@@ -501,6 +514,12 @@ class Engine:
             parked = select.poll()
             parked.register(self._wake_r, select.POLLIN)
             wake_fd = self._wake_r.fileno()
+            alarm = self._alarm
+            alarm_fd = -1
+            if alarm is not None:
+                alarm_fd = alarm.fileno()
+                poller.register(alarm_fd, select.POLLIN)
+                parked.register(alarm_fd, select.POLLIN)
             park_s = min(PARK_S, self.rto_s / 4)
             park_ms = max(1, int(park_s * 1000))
             self._running = True
@@ -510,8 +529,11 @@ class Engine:
                     # wake-ups alone, and look again soon (the caller wakes no one when
                     # it lets go, so a call costs this thread no wake-up).
                     self._sleep_until = time.monotonic() + park_s
-                    if parked.poll(park_ms):
-                        self._drain_wake()
+                    for fd, _ in parked.poll(park_ms):
+                        if fd == wake_fd:
+                            self._drain_wake()
+                        else:
+                            alarm.clear()
                     continue
                 try:
                     turn = self._turn
@@ -536,6 +558,8 @@ class Engine:
                         # Drain the wake-ups only when there are some: one system call
                         # fewer on every datagram-driven wake.
                         self._drain_wake()
+                    elif fd == alarm_fd:
+                        alarm.clear()
                     elif ev & select.POLLERR:
                         self.udp.errors_pending = True
         except BaseException as e:  # the engine must never die silently
@@ -647,14 +671,22 @@ class Engine:
 
     def _let_go(self) -> None:
         """Release the loop a caller held: what is due at once (an ACK, a credit) is sent
-        here first; the engine thread is woken only where it sleeps past its next timer."""
+        here first. The engine thread is woken only where it sleeps past its next timer,
+        and then by its alarm, when that timer is due or :data:`HANDBACK_S` from now,
+        whichever comes first. A caller that calls, or waits, again sooner takes the loop
+        back with no thread woken at all."""
+        due = 0.0
         try:
             if not self._stop and (self.jobs.submitted or any(
                     qp.ack_pending or qp.has_work() for qp in self._qps)):
                 while self._turn(False) and not self._stop:
                     pass
             now = time.monotonic()
-            late = self._sleep_until > now + self._poll_ms(now) / 1000
+            due = self._poll_ms(now) / 1000
+            late = self._sleep_until > now + due
+            if late and self._alarm is not None and not self._stop:
+                self._alarm.set(min(due, HANDBACK_S))
+                late = False
         except BaseException as e:
             self._die(e)
             late = True

@@ -66,6 +66,16 @@ class Latch:
     def is_set(self) -> bool:
         return self._set
 
+    def wait_set(self, timeout: float | None = None) -> bool:
+        """:meth:`wait` without driving: for a thread that must not take the loop from
+        the one that runs it (it would only hand it back and forth)."""
+        if self._set:
+            return True
+        if self._lock.acquire(timeout=-1 if timeout is None else max(timeout, 0.0)):
+            self._lock.release()
+            return True
+        return self._set
+
     def wait(self, timeout: float | None = None) -> bool:
         if self._set:
             return True

@@ -82,3 +82,72 @@ def test_an_idle_engine_does_not_spin() -> None:
     finally:
         a.stop()
         b.stop()
+
+
+def _calls(eng: Engine, peer: int, n: int, blocking: bool) -> int:
+    """``n`` exchanges with ``peer``, each waited for at once; how often the engine
+    thread was woken meanwhile (a wake-up costs both threads a context switch)."""
+    wakes = [0]
+    wake = eng._wake
+
+    def counted() -> None:
+        wakes[0] += 1
+        wake()
+
+    eng._wake = counted
+    try:
+        for _ in range(n):
+            got = np.zeros(64, np.uint8)
+            job = eng.submit("x", _exchange(eng, peer, [], got), 10.0, blocking=blocking)
+            assert job.event.wait(10) and job.error is None
+            assert (got == peer + 1).all()
+    finally:
+        del eng._wake
+    return wakes[0]
+
+
+def test_calls_waited_for_at_once_wake_no_engine_thread() -> None:
+    # A call submitted and then waited for let the loop go in between and took it back:
+    # the engine thread was woken to hold its timers, only to be asked for the loop
+    # again. A blocking call keeps the loop; a caller that lets it go sets the engine
+    # thread's alarm rather than waking it, so a caller that waits (or calls) again
+    # first takes the loop back with no thread woken. Without the alarm (the control),
+    # the same calls wake the engine thread.
+    a, b = _two("127.77.54")
+    n = 100
+    try:
+        for blocking, alarm in ((True, True), (False, True), (True, False)):
+            saved = a._alarm, b._alarm
+            if not alarm:
+                a._alarm = b._alarm = None
+            counts = [0, 0]
+            other = threading.Thread(target=lambda: counts.__setitem__(  # noqa: B023
+                1, _calls(b, 0, n, blocking)))  # noqa: B023
+            other.start()
+            counts[0] = _calls(a, 1, n, blocking)
+            other.join(30)
+            a._alarm, b._alarm = saved
+            print(f"blocking={blocking} alarm={alarm}: {counts} wake-ups in {n} calls each")
+            if alarm:
+                assert sum(counts) <= 0.1 * 2 * n, (blocking, counts)
+            else:
+                assert sum(counts) >= 0.2 * 2 * n, (blocking, counts)
+    finally:
+        a.stop()
+        b.stop()
+
+
+def test_a_job_nobody_waits_for_is_finished_by_the_engine_thread() -> None:
+    # Its caller let the loop go with the job running and never drives it again: the
+    # alarm hands the job to the engine thread.
+    a, b = _two("127.77.55")
+    try:
+        for _ in range(5):
+            ga = np.zeros(64, np.uint8)
+            job = a.submit("x", _exchange(a, 1, [], ga), 10.0)
+            other = b.submit("x", _exchange(b, 0, [], np.zeros(64, np.uint8)), 10.0)
+            assert job.event.wait_set(10) and job.error is None and (ga == 2).all()
+            assert other.event.wait_set(10) and other.error is None
+    finally:
+        a.stop()
+        b.stop()
