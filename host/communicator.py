@@ -163,6 +163,23 @@ class Handle:
         self._complete()
         return self._result
 
+    def is_ready(self) -> bool:
+        """Whether the call is over (neither waits nor raises)."""
+        return self._job.event.is_set()
+
+    def ready(self, timeout: float | None = None, *, drive: bool = True) -> bool:
+        """Whether the call is over within ``timeout`` seconds (None: waits until it is),
+        without its result or error (:meth:`wait` then gives them at once). ``drive``
+        False: never run the engine on this thread, only wait for whichever thread
+        does."""
+        event = self._job.event
+        wait = event.wait if drive else getattr(event, "wait_set", event.wait)
+        if timeout is not None:
+            return wait(min(max(timeout, 0.0), threading.TIMEOUT_MAX))
+        while not wait(min(3600.0, threading.TIMEOUT_MAX)):
+            pass
+        return True
+
     def _complete(self) -> None:
         if self._job.error is not None:
             if self._flight is not None:

@@ -2,8 +2,11 @@
 :class:`~fpgaccl.host.communicator.Communicator` per process.
 
 Every call is posted to the Communicator with ``async_op=True`` and returns at once with a
-:class:`FpgacclWork` whose future one completion thread resolves, in posting order, when
-the engine is done (the thread sleeps in a queue while nothing is in flight). Contiguous
+:class:`FpgacclWork`. Its ``wait()`` runs the engine on the waiting thread until the call
+is done (a blocking torch call waits at once, and wakes no other thread); a future asked
+for (a DDP communication hook chains on one) is resolved by one completion thread, in
+the order the futures were asked for, when the engine is done (the thread sleeps in a
+queue while it has none). Contiguous
 CPU tensors are handed to the engine as numpy views of their own memory; non-contiguous
 ones go through a contiguous copy that is copied back, as Gloo does. What the engine
 cannot do raises a typed :mod:`fpgaccl.errors` exception naming the argument.
@@ -18,6 +21,7 @@ import os
 import queue
 import socket
 import threading
+import time
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
@@ -155,13 +159,62 @@ def _unpack(flat: torch.Tensor, tensors: Sequence[torch.Tensor]) -> None:
             at += n
 
 
-class FpgacclWork(dist._Work):
-    """One posted call; its future is resolved by the completion thread."""
+class _Posted:
+    """One posted call: its handles, what turns their results into the call's, and the
+    future that gets it. Settled once, by whichever thread comes first: a caller's
+    ``wait()``, which drives the engine itself (a blocking torch call waits at once, and
+    no other thread is woken for it), or, once the future was asked for, the completion
+    thread."""
 
-    def __init__(self, future: Future, done: threading.Event, name: str, rank: int) -> None:
+    __slots__ = ("finish", "future", "handles", "lock", "queued", "settled")
+
+    def __init__(self, handles: Sequence[Handle], finish: Callable[[], Any]) -> None:
+        self.handles = handles
+        self.finish = finish
+        self.future: Future = Future()
+        self.lock = threading.Lock()
+        self.queued = False
+        self.settled = False
+
+    def settle(self, drive: bool, timeout: float | None = None) -> bool:
+        """Wait for the handles (driving the engine only with ``drive``; the completion
+        thread leaves that to a waiting caller, or else to the engine thread), then
+        resolve the future, once. False if ``timeout`` seconds passed first."""
+        end = None if timeout is None else time.monotonic() + timeout
+        for h in self.handles:
+            left = None if end is None else end - time.monotonic()
+            if not h.ready(left, drive=drive):
+                return False
+        with self.lock:
+            if self.settled:
+                return True
+            try:
+                for h in self.handles:
+                    h.wait()
+                result = self.finish()
+            except Exception as e:
+                self.future.set_exception(e)
+            else:
+                self.future.set_result(result)
+            self.settled = True
+        return True
+
+    def over(self) -> bool:
+        """Settled, or settled now if every handle is over (no waiting, no driving)."""
+        if not self.settled and all(h.is_ready() for h in self.handles):
+            self.settle(drive=False)
+        return self.settled
+
+
+class FpgacclWork(dist._Work):
+    """One posted call. ``wait()`` runs it to its end on the caller's thread; its future,
+    once asked for, is resolved by the completion thread if no ``wait()`` comes first."""
+
+    def __init__(self, posted: _Posted, completer: _Completer, name: str,
+                 rank: int) -> None:
         super().__init__()
-        self._future = future
-        self._done = done
+        self._posted = posted
+        self._completer = completer
         self._name = name
         self._rank = rank
 
@@ -169,62 +222,60 @@ class FpgacclWork(dist._Work):
         """Raises the call's error. Without a timeout (torch passes zero for none) the
         engine's own deadline bounds the wait."""
         limit = timeout.total_seconds() if timeout is not None else 0.0
-        if limit > 0 and not self._done.wait(limit):
+        if not self._posted.settle(drive=True, timeout=limit if limit > 0 else None):
             raise CollectiveTimeoutError(self._name, self._rank, limit, "still running at "
                                          "wait(timeout)")
-        self._future.wait()
+        self._posted.future.wait()
         return True
 
     def is_completed(self) -> bool:
-        return self._future.done()
+        return self._posted.over()
 
     def is_success(self) -> bool:
-        return self._future.done() and self.exception() is None
+        return self.is_completed() and self.exception() is None
 
     def exception(self) -> BaseException | None:
-        if not self._future.done():
+        if not self.is_completed():
             return None
         try:
-            self._future.value()
+            self._posted.future.value()
         except Exception as e:
             return e
         return None
 
     def get_future(self) -> Future:
-        return self._future
+        self._completer.watch(self._posted)
+        return self._posted.future
 
 
 class _Completer:
-    """The thread that waits on the Communicator's handles in posting order and resolves
-    each call's future: blocked on its queue, it costs nothing while idle."""
+    """The thread that settles, in the order they were asked for, the calls whose
+    futures were asked for (a DDP communication hook chains work on one): it waits for
+    the engine's threads to finish them, and costs nothing while idle."""
 
     def __init__(self) -> None:
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="fpgaccl-torch", daemon=True)
         self._thread.start()
+        self._lock = threading.Lock()
 
     def post(self, handles: Sequence[Handle], finish: Callable[[], Any], name: str,
              rank: int) -> FpgacclWork:
-        future: Future = Future()
-        done = threading.Event()
-        self._queue.put((handles, finish, future, done))
-        return FpgacclWork(future, done, name, rank)
+        return FpgacclWork(_Posted(handles, finish), self, name, rank)
+
+    def watch(self, posted: _Posted) -> None:
+        with self._lock:
+            if posted.queued or posted.settled:
+                return
+            posted.queued = True
+        self._queue.put(posted)
 
     def _run(self) -> None:
         while True:
-            item = self._queue.get()
-            if item is None:
+            posted = self._queue.get()
+            if posted is None:
                 return
-            handles, finish, future, done = item
-            try:
-                for h in handles:
-                    h.wait()
-                result = finish()
-            except Exception as e:
-                future.set_exception(e)
-            else:
-                future.set_result(result)
-            done.set()
+            posted.settle(drive=False)
 
     def stop(self) -> None:
         self._queue.put(None)

@@ -139,6 +139,7 @@ def test_async_work_and_futures(world) -> None:
     for r in range(p):
         assert res[r]["post_s"] < 0.25, res[r]["post_s"]
         assert res[r]["chained"] == 4.0 * p
+        assert res[r]["polled"] and res[r]["waited_alone"], res[r]
     for r in range(p - 1):  # the last rank posted 1 s late
         assert not res[r]["done_at_post"]
         assert res[r]["wait_s"] > 0.5  # ~1 s less the ranks' skew on a loaded machine

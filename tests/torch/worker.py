@@ -161,6 +161,16 @@ def collectives(rank: int, p: int) -> dict[str, Any]:
     w.wait()
     out["wait_s"] = time.monotonic() - t0
     out["chained"] = chained.wait()
+    # Polled, a call completes with neither wait() nor its future asked for.
+    w = dist.all_reduce(torch.ones(4), async_op=True)
+    t0 = time.monotonic()
+    while not w.is_completed() and time.monotonic() - t0 < 30:
+        time.sleep(0.001)
+    out["polled"] = w.is_completed() and w.exception() is None
+    # A call waited for runs on the waiting thread: the completion thread never has it.
+    w = dist.all_reduce(torch.ones(4), async_op=True)
+    w.wait()
+    out["waited_alone"] = not w._posted.queued
 
     t0 = time.monotonic()
     dist.barrier()
