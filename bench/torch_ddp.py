@@ -9,6 +9,8 @@ which backend runs first.
   (``all_to_all_single`` of counts), the dispatch and the combine (``all_to_all_single``
   of rows with per-peer splits). The combine returns every row where it came from, which
   the worker checks bit for bit.
+- ``small``: ``all_reduce`` of an 8-byte tensor, 50 blocking calls a step: the latency
+  a torch user sees for small collectives (divide the step time by 50).
 
 A run's number is the slowest rank's mean step time. The JSON has every run, and per
 workload the median per backend, the ratio of the medians and the median of each
@@ -32,8 +34,9 @@ import time
 from common import REPO, write_results
 
 BACKENDS = ("fpgaccl", "gloo")
-WORKLOADS = ("ddp", "moe")
+WORKLOADS = ("ddp", "moe", "small")
 TOP_K = 2
+SMALL_CALLS = 50
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -47,7 +50,8 @@ def worker(args: argparse.Namespace) -> None:
     dist.init_process_group(args.backend, timeout=timedelta(seconds=300))
     torch.manual_seed(0)
     torch.set_num_threads(1)  # the ranks share the cores; compute threads would contend
-    step, check, size = (ddp_step if args.workload == "ddp" else moe_step)(args, torch, dist)
+    steps = {"ddp": ddp_step, "moe": moe_step, "small": small_step}
+    step, check, size = steps[args.workload](args, torch, dist)
     for _ in range(args.warmup):
         step()
     dist.barrier()
@@ -105,6 +109,20 @@ def moe_step(args: argparse.Namespace, torch, dist) -> tuple:
             raise SystemExit(f"rank {rank}: the combine did not return the dispatched rows")
 
     return step, check, {"rows": rows, "dim": args.dim, "bytes": rows * args.dim * 4}
+
+
+def small_step(args: argparse.Namespace, torch, dist) -> tuple:
+    x = torch.zeros(2)  # sums of zeros stay exact however many calls
+
+    def step() -> None:
+        for _ in range(SMALL_CALLS):
+            dist.all_reduce(x)
+
+    def check() -> None:
+        if not x.eq(0).all():
+            raise SystemExit(f"the small all_reduce gave {x.tolist()}")
+
+    return step, check, {"calls": SMALL_CALLS, "bytes": 8}
 
 
 def run(args: argparse.Namespace, workload: str, backend: str) -> dict:
@@ -171,8 +189,9 @@ def main() -> None:
         for workload in workloads:
             for backend in order:
                 runs.append({"round": r, **run(args, workload, backend)})
-                size = (f"{runs[-1]['params']} parameters" if workload == "ddp"
-                        else f"{runs[-1]['bytes'] >> 10} KiB dispatched")
+                size = {"ddp": f"{runs[-1].get('params')} parameters",
+                        "moe": f"{runs[-1]['bytes'] >> 10} KiB dispatched",
+                        "small": f"{SMALL_CALLS} calls of 8 B"}[workload]
                 print(f"round {r}  {workload}  {backend:8s} {runs[-1]['step_s'] * 1e3:9.2f} "
                       f"ms/step ({size}, load {runs[-1]['loadavg']:.1f})", flush=True)
     loads = [x[k] for x in runs for k in ("loadavg_before", "loadavg")]
