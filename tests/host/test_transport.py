@@ -483,19 +483,20 @@ def test_gso_runs_recover_from_kernel_drops(native_path: bool) -> None:
     loops, a full socket buffer also cuts sendmmsg batches short."""
     if native_path and native.load() is None:
         pytest.skip(f"no C fast path: {native.reason}")
-    # Whether the kernel coalesces a run in time is the scheduler's choice: on a loaded
-    # machine a whole transfer may see none, so up to three are made, each exact.
+    # Whether the kernel coalesces a run in time, and whether the receiver falls behind
+    # at all, is the scheduler's choice: a transfer may see no coalesced run, or (rarely)
+    # no drop, so up to three are made, each exact.
     for attempt in range(3):
         got = _gso_transfer_through_a_full_buffer(native_path, attempt)
         assert got["exact"]
         # Recovered by resends: after a NAK when a later packet showed the gap, or after a
         # timeout when the kernel dropped the tail of a burst; which of them depends on
         # scheduling, so only the resend itself is required.
-        assert got["retransmits"] > 0
-        if not got["can_coalesce"] or got["coalesced"] > 0:
+        if got["retransmits"] > 0 and (not got["can_coalesce"] or got["coalesced"] > 0):
             break
     else:
-        raise AssertionError("no coalesced run was taken in three transfers")
+        raise AssertionError("no transfer of three both lost datagrams to the kernel and "
+                             "took a coalesced run")
 
 
 class _Recorder:
