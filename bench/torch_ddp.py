@@ -189,9 +189,10 @@ def main() -> None:
         for workload in workloads:
             for backend in order:
                 runs.append({"round": r, **run(args, workload, backend)})
-                size = {"ddp": f"{runs[-1].get('params')} parameters",
-                        "moe": f"{runs[-1]['bytes'] >> 10} KiB dispatched",
-                        "small": f"{SMALL_CALLS} calls of 8 B"}[workload]
+                got = runs[-1]
+                size = (f"{got['params']} parameters" if workload == "ddp" else
+                        f"{got['bytes'] >> 10} KiB dispatched" if workload == "moe" else
+                        f"{got['calls']} calls of {got['bytes']} B")
                 print(f"round {r}  {workload}  {backend:8s} {runs[-1]['step_s'] * 1e3:9.2f} "
                       f"ms/step ({size}, load {runs[-1]['loadavg']:.1f})", flush=True)
     loads = [x[k] for x in runs for k in ("loadavg_before", "loadavg")]
