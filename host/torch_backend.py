@@ -177,9 +177,9 @@ class _Posted:
         self.settled = False
 
     def settle(self, drive: bool, timeout: float | None = None) -> bool:
-        """Wait for the handles (driving the engine only with ``drive``; the completion
-        thread leaves that to a waiting caller, or else to the engine thread), then
-        resolve the future, once. False if ``timeout`` seconds passed first."""
+        """Wait for the handles (driving the engine with ``drive``, else only waiting for
+        whichever thread runs it), then resolve the future, once. False if ``timeout``
+        seconds passed first."""
         end = None if timeout is None else time.monotonic() + timeout
         for h in self.handles:
             left = None if end is None else end - time.monotonic()
@@ -250,8 +250,8 @@ class FpgacclWork(dist._Work):
 
 class _Completer:
     """The thread that settles, in the order they were asked for, the calls whose
-    futures were asked for (a DDP communication hook chains work on one): it waits for
-    the engine's threads to finish them, and costs nothing while idle."""
+    futures were asked for (a DDP communication hook chains work on one), driving the
+    engine meanwhile as a waiting caller does; it costs nothing while idle."""
 
     def __init__(self) -> None:
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
@@ -275,7 +275,10 @@ class _Completer:
             posted = self._queue.get()
             if posted is None:
                 return
-            posted.settle(drive=False)
+            # It drives the engine as a waiting caller would (a DDP step waits on
+            # futures only): the engine thread, polling without a spin, ran DDP's
+            # buckets about 10 % slower.
+            posted.settle(drive=True)
 
     def stop(self) -> None:
         self._queue.put(None)
