@@ -3,27 +3,34 @@ an idle engine sleeps."""
 
 from __future__ import annotations
 
+import contextlib
 import resource
 import threading
 import time
+from collections.abc import Iterator
 
 import numpy as np
 
 from fpgaccl.host.engine import Engine
 
 
-def _two(base: str) -> tuple[Engine, Engine]:
+@contextlib.contextmanager
+def _two(base: str) -> Iterator[tuple[Engine, Engine]]:
     """Two started engines on ``base``.1 and ``base``.2, each with a queue pair to the
-    other."""
+    other; stopped at the end."""
     a, b = Engine(0, f"{base}.1"), Engine(1, f"{base}.2")
-    qa, qb = a.create_qp(1), b.create_qp(0)
-    qa.connect(remote_qpn=qb.qpn, addr=b.addr, local_ip=a.addr[0], send_psn=5, recv_psn=9,
-               remote_va=qb.ring.va, remote_rkey=qb.ring.rkey)
-    qb.connect(remote_qpn=qa.qpn, addr=a.addr, local_ip=b.addr[0], send_psn=9, recv_psn=5,
-               remote_va=qa.ring.va, remote_rkey=qa.ring.rkey)
-    a.start()
-    b.start()
-    return a, b
+    try:
+        qa, qb = a.create_qp(1), b.create_qp(0)
+        qa.connect(remote_qpn=qb.qpn, addr=b.addr, local_ip=a.addr[0], send_psn=5,
+                   recv_psn=9, remote_va=qb.ring.va, remote_rkey=qb.ring.rkey)
+        qb.connect(remote_qpn=qa.qpn, addr=a.addr, local_ip=b.addr[0], send_psn=9,
+                   recv_psn=5, remote_va=qa.ring.va, remote_rkey=qa.ring.rkey)
+        a.start()
+        b.start()
+        yield a, b
+    finally:
+        a.stop()
+        b.stop()
 
 
 def _exchange(eng: Engine, peer: int, threads: list[int], got: np.ndarray):
@@ -43,9 +50,8 @@ def test_a_waiting_caller_runs_its_job_on_its_own_thread() -> None:
     # No hop to the engine thread and back: the caller that waits drives the loop. (The
     # engine thread may hold the loop at the moment a call comes, answering a peer, and
     # then runs a step of it: so not every step, but steps of every caller, run on it.)
-    a, b = _two("127.77.52")
     mine = {0: 0, 1: 0}
-    try:
+    with _two("127.77.52") as (a, b):
         for _ in range(6):
             ta: list[int] = []
             tb: list[int] = []
@@ -60,14 +66,10 @@ def test_a_waiting_caller_runs_its_job_on_its_own_thread() -> None:
             mine[0] += ta.count(threading.get_ident())
             mine[1] += tb.count(other.ident)
         assert mine[0] >= 3 and mine[1] >= 3, f"steps run by their callers, of 12: {mine}"
-    finally:
-        a.stop()
-        b.stop()
 
 
 def test_an_idle_engine_does_not_spin() -> None:
-    a, b = _two("127.77.53")
-    try:
+    with _two("127.77.53") as (a, b):
         got = np.zeros(64, np.uint8)
         job = a.submit("x", _exchange(a, 1, [], got), 10.0)
         b.submit("x", _exchange(b, 0, [], np.zeros(64, np.uint8)), 10.0)
@@ -79,9 +81,6 @@ def test_an_idle_engine_does_not_spin() -> None:
         # Two engine threads that sleep in poll use well under 1 % of a core here; a
         # loop that spins uses all of one.
         assert cpu < 0.05, f"two idle engines used {cpu:.1%} of a core"
-    finally:
-        a.stop()
-        b.stop()
 
 
 def _calls(eng: Engine, peer: int, n: int, blocking: bool) -> int:
@@ -113,9 +112,8 @@ def test_calls_waited_for_at_once_wake_no_engine_thread() -> None:
     # thread's alarm rather than waking it, so a caller that waits (or calls) again
     # first takes the loop back with no thread woken. Without the alarm (the control),
     # the same calls wake the engine thread.
-    a, b = _two("127.77.54")
     n = 100
-    try:
+    with _two("127.77.54") as (a, b):
         for blocking, alarm in ((True, True), (False, True), (True, False)):
             saved = a._alarm, b._alarm
             if not alarm:
@@ -132,22 +130,15 @@ def test_calls_waited_for_at_once_wake_no_engine_thread() -> None:
                 assert sum(counts) <= 0.1 * 2 * n, (blocking, counts)
             else:
                 assert sum(counts) >= 0.2 * 2 * n, (blocking, counts)
-    finally:
-        a.stop()
-        b.stop()
 
 
 def test_a_job_nobody_waits_for_is_finished_by_the_engine_thread() -> None:
     # Its caller let the loop go with the job running and never drives it again: the
     # alarm hands the job to the engine thread.
-    a, b = _two("127.77.55")
-    try:
+    with _two("127.77.55") as (a, b):
         for _ in range(5):
             ga = np.zeros(64, np.uint8)
             job = a.submit("x", _exchange(a, 1, [], ga), 10.0)
             other = b.submit("x", _exchange(b, 0, [], np.zeros(64, np.uint8)), 10.0)
             assert job.event.wait_set(10) and job.error is None and (ga == 2).all()
             assert other.event.wait_set(10) and other.error is None
-    finally:
-        a.stop()
-        b.stop()
