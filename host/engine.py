@@ -675,7 +675,6 @@ class Engine:
         and then by its alarm, when that timer is due or :data:`HANDBACK_S` from now,
         whichever comes first. A caller that calls, or waits, again sooner takes the loop
         back with no thread woken at all."""
-        due = 0.0
         try:
             if not self._stop and (self.jobs.submitted or any(
                     qp.ack_pending or qp.has_work() for qp in self._qps)):
