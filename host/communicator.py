@@ -154,10 +154,7 @@ class Handle:
         running then. Without one it waits for the backend: the deadline bounds a wait
         without progress, so a healthy call may run far longer, and the engine ends every
         job itself (a dead engine thread fails them all)."""
-        if timeout is None:
-            while not self._job.event.wait(min(3600.0, threading.TIMEOUT_MAX)):
-                pass
-        elif not self._job.event.wait(min(timeout, threading.TIMEOUT_MAX)):
+        if not self.ready(timeout):
             raise CollectiveTimeoutError(self._job.name, self._rank, timeout,
                                          "still running at wait(timeout)")
         self._complete()

@@ -72,7 +72,7 @@ class Latch:
         if self._set:
             return True
         if self._lock.acquire(timeout=-1 if timeout is None else max(timeout, 0.0)):
-            self._lock.release()
+            self._lock.release()  # the next waiter gets through too
             return True
         return self._set
 
@@ -86,10 +86,7 @@ class Latch:
                 return True
             if end is not None:
                 timeout = end - time.monotonic()
-        if self._lock.acquire(timeout=-1 if timeout is None else max(timeout, 0.0)):
-            self._lock.release()  # the next waiter gets through too
-            return True
-        return self._set
+        return self.wait_set(timeout)
 
 
 class Job:
