@@ -13,6 +13,8 @@ import numpy as np
 
 from fpgaccl.host.engine import Engine
 
+from .test_transport import connect_engines
+
 
 @contextlib.contextmanager
 def _two(base: str) -> Iterator[tuple[Engine, Engine]]:
@@ -20,11 +22,7 @@ def _two(base: str) -> Iterator[tuple[Engine, Engine]]:
     other; stopped at the end."""
     a, b = Engine(0, f"{base}.1"), Engine(1, f"{base}.2")
     try:
-        qa, qb = a.create_qp(1), b.create_qp(0)
-        qa.connect(remote_qpn=qb.qpn, addr=b.addr, local_ip=a.addr[0], send_psn=5,
-                   recv_psn=9, remote_va=qb.ring.va, remote_rkey=qb.ring.rkey)
-        qb.connect(remote_qpn=qa.qpn, addr=a.addr, local_ip=b.addr[0], send_psn=9,
-                   recv_psn=5, remote_va=qa.ring.va, remote_rkey=qa.ring.rkey)
+        connect_engines(a, b)
         a.start()
         b.start()
         yield a, b

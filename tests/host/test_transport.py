@@ -40,6 +40,15 @@ def _pair(port_base: str = "127.77.1", native_path: bool = True) -> tuple[Engine
     return eng, peer
 
 
+def connect_engines(a: Engine, b: Engine) -> None:
+    """A queue pair on each of two engines, connected to the other's."""
+    qa, qb = a.create_qp(b.rank), b.create_qp(a.rank)
+    qa.connect(remote_qpn=qb.qpn, addr=b.addr, local_ip=a.addr[0], send_psn=5, recv_psn=9,
+               remote_va=qb.ring.va, remote_rkey=qb.ring.rkey)
+    qb.connect(remote_qpn=qa.qpn, addr=a.addr, local_ip=b.addr[0], send_psn=9, recv_psn=5,
+               remote_va=qa.ring.va, remote_rkey=qa.ring.rkey)
+
+
 def _write(qp_num: int, psn: int, va: int, rkey: int, payload: bytes, src: str, dst: str,
            opcode: Opcode = Opcode.RDMA_WRITE_ONLY_WITH_IMMEDIATE, dlen: int | None = None,
            imm: int = 0x00010002) -> bytes:
@@ -447,11 +456,7 @@ def _gso_transfer_through_a_full_buffer(native_path: bool, attempt: int) -> dict
     a = Engine(0, f"127.77.11.{1 + 2 * attempt}", native_path=native_path)
     b = Engine(1, f"127.77.11.{2 + 2 * attempt}", native_path=native_path)
     try:
-        qa, qb = a.create_qp(1), b.create_qp(0)
-        qa.connect(remote_qpn=qb.qpn, addr=b.addr, local_ip=a.addr[0], send_psn=5,
-                   recv_psn=9, remote_va=qb.ring.va, remote_rkey=qb.ring.rkey)
-        qb.connect(remote_qpn=qa.qpn, addr=a.addr, local_ip=b.addr[0], send_psn=9,
-                   recv_psn=5, remote_va=qa.ring.va, remote_rkey=qa.ring.rkey)
+        connect_engines(a, b)
         b.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1)  # the kernel's minimum
         data = np.random.default_rng(5).integers(0, 256, 600_000, np.uint8)
         dest = np.zeros_like(data)
